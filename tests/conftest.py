@@ -1,0 +1,57 @@
+"""Shared helpers for the tests: run a script (in a subprocess or in-process) and read what it logged."""
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+torch.set_num_threads(1)
+
+MUJOCO_SCRIPTS = ["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"]
+# A tiny budget: 2 iterations of 4 envs x 64 steps, 2 epochs of 4 minibatches, no evaluation.
+TINY = [
+    "--env-id", "Hopper-v5", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512",
+    "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "0",
+]
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": "egl", "WANDB_MODE": "disabled"}
+
+
+def existing_scripts():
+    return [pytest.param(s, id=s) for s in MUJOCO_SCRIPTS if (ROOT / f"{s}.py").exists()]
+
+
+def run_script(script, *args, env=None, timeout=600, check=True):
+    """Run `python <script>.py args...` from the repository root and return the CompletedProcess."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
+        cwd=ROOT, env={**SUBPROCESS_ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def run_in_process(script, *args):
+    """Run a script's main block in this process and return its globals (the last iteration's buffers)."""
+    argv = sys.argv
+    sys.argv = [str(ROOT / f"{script}.py"), *map(str, args)]
+    try:
+        return runpy.run_path(str(ROOT / f"{script}.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(1)
+
+
+def read_scalars(run_dir):
+    """{tag: [(step, value), ...]} from the TensorBoard events in run_dir."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
