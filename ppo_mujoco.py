@@ -526,8 +526,11 @@ if __name__ == "__main__":
 
             # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (method.md section 3).
             with torch.no_grad():
-                values = agent.get_value(obs.reshape(-1, obs_dim)).reshape(args.num_steps, args.num_envs)
-                next_values = agent.get_value(next_obs_buf.reshape(-1, obs_dim)).reshape(args.num_steps, args.num_envs)
+                values = agent.get_value(obs)
+                next_values = agent.get_value(next_obs_buf)
+                # log pi_T(a|s), the learner's policy before the update: pi_T / beta is the backward lag.
+                start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
+                backward_tv = total_variation(start_logprobs - logprobs).item()
                 advantages, returns = compute_gae(
                     rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
                 )
@@ -539,8 +542,6 @@ if __name__ == "__main__":
             b_advantages = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
             b_values = values.reshape(-1)
-            with torch.no_grad():
-                backward_tv = total_variation(agent.get_dist(b_obs).log_prob(b_actions).sum(1) - b_logprobs).item()
 
             # Optimizing the policy and value network
             b_inds = np.arange(args.batch_size)

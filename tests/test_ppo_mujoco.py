@@ -5,37 +5,7 @@ import pytest
 import torch
 
 import ppo_mujoco as ppo
-
-
-def random_batch(T=12, E=3, seed=0, p_end=0.25):
-    g = torch.Generator().manual_seed(seed)
-    rewards = torch.randn(T, E, generator=g)
-    values = torch.randn(T, E, generator=g)
-    next_values = torch.randn(T, E, generator=g)
-    dones = (torch.rand(T, E, generator=g) < p_end).float()
-    # Half of the episode ends are terminations, half truncations.
-    terminations = dones * (torch.rand(T, E, generator=g) < 0.5).float()
-    # Where no episode ended, s'_t is s_{t+1}, so V(s'_t) = V(s_{t+1}).
-    for t in range(T - 1):
-        next_values[t] = torch.where(dones[t] > 0, next_values[t], values[t + 1])
-    return rewards, values, next_values, terminations, dones
-
-
-def brute_force_gae(rewards, values, next_values, terminations, dones, gamma, lam):
-    """A_t = sum_l (gamma*lam)^l delta_{t+l}, summed until the end of the episode or of the batch."""
-    T, E = rewards.shape
-    adv = np.zeros((T, E))
-    for e in range(E):
-        for t in range(T):
-            total, weight = 0.0, 1.0
-            for k in range(t, T):
-                delta = rewards[k, e] + gamma * (1 - terminations[k, e]) * next_values[k, e] - values[k, e]
-                total += weight * float(delta)
-                if dones[k, e]:
-                    break
-                weight *= gamma * lam
-            adv[t, e] = total
-    return adv
+from reference import brute_force_gae, random_batch
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
