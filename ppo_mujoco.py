@@ -2,13 +2,14 @@
 
 Paper: Honari et al., "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
 arXiv 2603.01365 (2026). Spec: docs/method.md sections 1-3.1 of the project's shared notes.
+PPO applies no correction for the policy lag: advantages are GAE on the lagged batch with the learner's
+critic, and the loss is the clipped surrogate.
 
 CleanRL's continuous-action PPO (ppo_continuous_action.py), rebuilt for gymnasium 1.x and MuJoCo `-v5`
 tasks, with the paper's simulated asynchrony: after every update the learner's policy joins a buffer of the
 `lag + 1` most recent policies, and before every rollout each actor (vectorised env) draws the policy it acts
 with from that buffer. Every transition records `log beta(a|s)` of the policy that actually acted, so the
-ratio `pi_theta / beta` measures the whole policy lag. PPO applies no correction for it: advantages are GAE
-on the lagged batch with the learner's critic, and the loss is the clipped surrogate.
+ratio `pi_theta / beta` measures the whole policy lag.
 
 Choices that are ours (beyond CleanRL), each explained where it is coded:
 - observation normalisation is part of the policy (running statistics live in the `Agent`, are snapshotted

@@ -5,13 +5,13 @@ arXiv 2603.01365 (2026). Spec: docs/method.md sections 1-2 and 3.2 of the projec
 
 This file is ppo_mujoco.py with SPO's policy loss in place of the clipped surrogate:
 -mean(r * A - |A| * (r - 1)^2 / (2 * epsilon)), whose per-sample maximiser is r = 1 + sign(A) * epsilon.
+Like PPO, it applies no correction for the policy lag: advantages are GAE on the lagged batch.
 
 CleanRL's continuous-action PPO (ppo_continuous_action.py), rebuilt for gymnasium 1.x and MuJoCo `-v5`
 tasks, with the paper's simulated asynchrony: after every update the learner's policy joins a buffer of the
 `lag + 1` most recent policies, and before every rollout each actor (vectorised env) draws the policy it acts
 with from that buffer. Every transition records `log beta(a|s)` of the policy that actually acted, so the
-ratio `pi_theta / beta` measures the whole policy lag. Like PPO, SPO applies no correction for it:
-advantages are GAE on the lagged batch with the learner's critic.
+ratio `pi_theta / beta` measures the whole policy lag.
 
 Choices that are ours (beyond CleanRL), each explained where it is coded:
 - observation normalisation is part of the policy (running statistics live in the `Agent`, are snapshotted

@@ -3,15 +3,12 @@
 Paper: Honari et al., "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
 arXiv 2603.01365 (2026). Spec: docs/method.md sections 1-2 and 3.4 of the project's shared notes.
 
-This file is ppo_mujoco.py with VACO's two changes (`diff ppo_mujoco.py vaco_mujoco.py` shows only them):
-- Align: once per iteration, before the first minibatch, V-trace with target pi_T (the learner's policy at
-  the start of the update) and the recorded behaviour log-probs gives the value targets v_t and the
-  advantages, which stay fixed for all epochs (IMPALA instead realigns before every minibatch).
-  The advantage form A_t = r_t + gamma_t (lambda v_{t+1} + (1 - lambda) V(s_{t+1})) - V(s_t) is ours;
-  it equals GAE(lambda) when nothing lags.
-- Filter: in every minibatch, when D = 1/2 mean|pi_theta/beta - 1| exceeds delta/2, the samples whose own
-  gradient step would increase their TV contribution get no gradient; the loss is the unclipped
-  importance-sampled surrogate -mean(M * r * A).
+VACO's two changes to ppo_mujoco.py (the diff between the two files shows only them):
+- Align: once per iteration, V-trace with target pi_T (the learner's policy before the update) and the
+  behaviour log-probs gives value targets and advantages that stay fixed for all epochs. The advantage form
+  r_t + gamma_t (lambda v_{t+1} + (1 - lambda) V(s_{t+1})) - V(s_t) is ours; it is GAE(lambda) without lag.
+- Filter: in a minibatch whose 1/2 mean|pi_theta/beta - 1| exceeds delta/2, the samples whose own step would
+  increase it get no gradient; the loss is the unclipped surrogate -mean(M * r * A).
 
 CleanRL's continuous-action PPO (ppo_continuous_action.py), rebuilt for gymnasium 1.x and MuJoCo `-v5`
 tasks, with the paper's simulated asynchrony: after every update the learner's policy joins a buffer of the
