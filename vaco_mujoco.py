@@ -482,7 +482,8 @@ if __name__ == "__main__":
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # The fused kernel does the same Adam step in one pass: about 20% of a small minibatch update on CPU.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # The policy buffer of simulated asynchrony: the lag+1 most recent policies, the current one included.
     policy_buffer = deque(maxlen=args.lag + 1)
     # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
