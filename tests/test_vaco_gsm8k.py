@@ -1,0 +1,435 @@
+"""Tests for vaco_gsm8k.py, fully offline: a tiny random causal LM and a character-level tokenizer
+built in code (tests/fixtures_gsm8k/tiny_setup.py), saved to a temp folder and loaded through the
+script's own loading path, and a GSM8k-schema JSONL written by the tests."""
+
+import copy
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing from the hub
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import huggingface_hub
+import pytest
+import torch
+from transformers import GenerationConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import vaco_gsm8k as V  # noqa: E402
+from tests.fixtures_gsm8k.tiny_setup import PROBLEMS, digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Tiny Llama and Qwen2 model folders and a train JSONL."""
+    folder = tmp_path_factory.mktemp("tiny_gsm8k")
+    return {
+        "llama": write_tiny_model(folder / "llama", "llama"),
+        "qwen2": write_tiny_model(folder / "qwen2", "qwen2"),
+        "data": write_gsm8k_jsonl(folder / "train.jsonl"),
+    }
+
+
+def tiny_args(tiny, tmp_path, **overrides) -> V.Args:
+    settings = dict(
+        model_id=tiny["llama"],
+        data_file=tiny["data"],
+        run_dir=str(tmp_path / "run"),
+        eval_every=0,
+        num_iterations=1,
+        prompts_per_step=4,
+        num_generations=8,
+        micro_batch_size=32,
+        max_new_tokens=12,
+        learning_rate=3e-3,
+        torch_threads=1,
+    )
+    settings.update(overrides)
+    return V.Args(**settings)
+
+
+@pytest.fixture
+def toy_reward(monkeypatch):
+    """GSM8k rewards are all 0 for a random model (no gradient at all): train on digit_fraction instead."""
+    monkeypatch.setattr(V, "compute_reward", digit_fraction)
+
+
+# ---------------------------------------------------------------- reward
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("so the total is 42.\n#### 42", 42.0),
+        ("#### 1,234", 1234.0),
+        ("####1,234,567", 1234567.0),
+        ("#### -5", -5.0),
+        ("#### 3.50", 3.5),
+        ("#### .5", 0.5),
+        ("#### $18", 18.0),
+        ("#### $1,000.00", 1000.0),
+        ("#### 18.", 18.0),
+        ("####   7 apples", 7.0),
+        ("#### 12\n#### 13", 12.0),  # several answers: the first counts
+        ("the answer is 12", None),  # no #### at all
+        ("#### ", None),
+        ("#### twelve", None),
+        ("#### inf", None),
+        ("#### 1e5", None),
+        ("#### 1_000", None),
+        ("#### 3.5.2", None),
+    ],
+)
+def test_extract_answer(completion, expected):
+    assert V.extract_answer(completion) == expected
+
+
+def test_reference_and_reward():
+    answer = "She sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 1,072"
+    reference = V.reference_answer(answer)
+    assert reference == 1072.0
+    assert V.compute_reward("so... #### 1,072", reference) == 1.0
+    assert V.compute_reward("#### 1072.0", reference) == 1.0  # compared as numbers
+    assert V.compute_reward("#### $1072.", reference) == 1.0
+    assert V.compute_reward("#### 1071", reference) == 0.0
+    assert V.compute_reward("1072", reference) == 0.0  # right number, no #### answer
+    assert V.compute_reward("#### 5 then #### 1072", reference) == 0.0  # first #### counts
+
+
+# ---------------------------------------------------------------- GRPO advantages and losses
+
+
+def test_grpo_advantages_against_hand_computation():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.5])
+    advantages, zero_std = V.grpo_advantages(rewards, 4)
+    s1 = math.sqrt(4 * 0.25 / 3)  # group 1: mean 0.5, Bessel-corrected std
+    s3 = math.sqrt(0.5 / 3)  # group 3: mean 0.5, squared deviations 0.25 + 0 + 0.25 + 0
+    expected = [0.5 / (s1 + 1e-4), -0.5 / (s1 + 1e-4), -0.5 / (s1 + 1e-4), 0.5 / (s1 + 1e-4)]
+    expected += [0.0] * 4  # group 2: all equal, no signal
+    expected += [-0.5 / (s3 + 1e-4), 0.0, 0.5 / (s3 + 1e-4), 0.0]
+    assert advantages.tolist() == pytest.approx(expected, rel=1e-6)
+    assert zero_std == pytest.approx(1 / 3)
+
+
+def test_tv_estimate():
+    log_ratio = torch.tensor([0.0, 0.1, -0.2, 0.3])
+    expected = 0.5 * sum(abs(math.exp(x) - 1) for x in [0.0, 0.1, -0.2, 0.3]) / 4
+    assert V.tv_estimate(log_ratio) == pytest.approx(expected, rel=1e-6)
+
+
+def test_ppo_clip_is_asymmetric():
+    # (ratio, advantage, per-token loss, clipped, d loss / d log pi) worked out by hand for clip 0.2 / 0.272
+    cases = [
+        (1.25, 1.0, -1.25, False, -1.25),  # inside 1.272: a symmetric 0.2 clip would have stopped it
+        (1.30, 1.0, -1.272, True, 0.0),  # above 1 + 0.272: clipped, no gradient
+        (0.85, -1.0, 0.85, False, 0.85),
+        (0.75, -1.0, 0.8, True, 0.0),  # below 1 - 0.2: clipped
+        (1.30, -1.0, 1.30, False, 1.30),  # pessimistic side keeps the unclipped term
+        (0.75, 1.0, -0.75, False, -0.75),
+    ]
+    ratio = torch.tensor([c[0] for c in cases], dtype=torch.float64)
+    advantages = torch.tensor([c[1] for c in cases], dtype=torch.float64)
+    logp = ratio.log().requires_grad_()
+    per_token, clipped = V.ppo_clip_loss(logp, torch.zeros_like(ratio), advantages, 0.2, 0.272)
+    per_token.sum().backward()
+    assert per_token.tolist() == pytest.approx([c[2] for c in cases])
+    assert clipped.tolist() == [c[3] for c in cases]
+    assert logp.grad.tolist() == pytest.approx([c[4] for c in cases])
+
+
+@pytest.mark.parametrize("over_budget", [True, False])
+def test_vaco_mask_zero_gradient_only_when_over_budget(over_budget):
+    log_ratio = torch.tensor([0.1, 0.1, -0.1, -0.1, 0.0, 0.2], dtype=torch.float64)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 0.0], dtype=torch.float64)
+    # Masked when over budget: the step would move the token's ratio further from 1 (A > 0 and r > 1, A < 0 and r < 1).
+    expected_mask = [over_budget and a * math.copysign(1, x) > 0 and x != 0 for x, a in zip(log_ratio, advantages)]
+    logp_behaviour = torch.full_like(log_ratio, -1.5)
+    logp = (logp_behaviour + log_ratio).requires_grad_()
+    per_token, masked = V.vaco_loss(logp, logp_behaviour, advantages, over_budget)
+    per_token.sum().backward()
+    assert masked.tolist() == expected_mask
+    for i, (x, a) in enumerate(zip(log_ratio.tolist(), advantages.tolist())):
+        if expected_mask[i]:
+            assert logp.grad[i].item() == 0.0 and per_token[i].item() == 0.0
+        else:
+            assert logp.grad[i].item() == pytest.approx(-math.exp(x) * a)  # d(-r A)/d log pi = -r A
+            assert per_token[i].item() == pytest.approx(-math.exp(x) * a)
+    assert masked.sum().item() == (2 if over_budget else 0)
+
+
+# ---------------------------------------------------------------- log-probs, padding and positions
+
+
+def load_tiny(path):
+    model, tokenizer = V.load_model_and_tokenizer(path)
+    return model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_completion_logprobs_match_unpadded_full_softmax(tiny, family):
+    model, tokenizer = load_tiny(tiny[family])
+    torch.manual_seed(0)
+    sequences = [torch.randint(4, 100, (n,)).tolist() for n in (9, 5, 13)]
+    num_completion, temperature = 4, 0.7
+    ids, mask = V.left_pad(sequences, tokenizer.pad_token_id)
+    with torch.no_grad():
+        got = V.completion_logprobs(model, ids, mask, num_completion, temperature)
+        for row, sequence in enumerate(sequences):  # independent: one unpadded sequence, full log-softmax
+            logits = model(input_ids=torch.tensor([sequence])).logits[0] / temperature
+            full = torch.log_softmax(logits.double(), dim=-1)[:-1]
+            expected = full.gather(-1, torch.tensor(sequence[1:])[:, None]).squeeze(-1)[-num_completion:]
+            assert torch.allclose(got[row].double(), expected, atol=1e-5)
+
+
+def test_behaviour_logprobs_match_generation_time_logits(tiny):
+    """Teacher-forced log-probs equal the ones the tokens were sampled from (left padding, position ids)."""
+    model, tokenizer = load_tiny(tiny["qwen2"])
+    stop_ids = V.stop_token_ids(model, tokenizer)
+    model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=10)
+    prompts = [V.encode_prompt(tokenizer, question) for question, _ in PROBLEMS[:3]]
+    torch.manual_seed(1)
+    batch = V.generate(model, prompts, config, stop_ids, tokenizer.pad_token_id, torch.device("cpu"))
+    torch.manual_seed(1)
+    ids, mask = V.left_pad(prompts, tokenizer.pad_token_id)
+    output = model.generate(
+        input_ids=ids, attention_mask=mask, generation_config=config, output_logits=True, return_dict_in_generate=True
+    )
+    completion_mask = batch["completion_mask"]
+    assert len({len(p) for p in prompts}) > 1  # prompts of different lengths: real left padding
+    sampled_tokens = output.sequences[:, ids.shape[1] :]
+    sampled = torch.stack(output.logits, dim=1).double() / 0.7
+    generation_logp = torch.log_softmax(sampled, -1).gather(-1, sampled_tokens[..., None]).squeeze(-1)
+    behaviour = V.score(model, batch, 3, 0.7, lambda: torch.autocast("cpu", enabled=False))[0]
+    assert torch.equal(sampled_tokens[completion_mask], batch["input_ids"][:, ids.shape[1] :][completion_mask])
+    assert torch.allclose(behaviour.double(), generation_logp[completion_mask], atol=1e-4)
+
+
+def test_output_head_stays_fp32_under_bf16_autocast(tiny):
+    # The CUDA path (--bf16) exercised with CPU autocast: fp32 logits, autocast restored, also in a deep copy.
+    model, _ = load_tiny(tiny["llama"])
+    ids = torch.randint(4, 100, (2, 9))
+    with torch.no_grad():
+        fp32 = model(input_ids=ids).logits
+        V.keep_output_head_fp32(model)
+        copied = copy.deepcopy(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=ids).logits
+            assert torch.is_autocast_enabled("cpu")
+            assert torch.equal(copied(input_ids=ids).logits, logits)
+        assert not torch.is_autocast_enabled("cpu")
+    assert logits.dtype == torch.float32
+    assert not torch.equal(logits, fp32) and torch.allclose(logits, fp32, atol=0.05)  # the layers did run in bf16
+
+
+def test_completion_mask_stops_after_first_stop_token(tiny):
+    model, tokenizer = load_tiny(tiny["llama"])
+    batch = {
+        "input_ids": torch.tensor([[0, 5, 6, 7, 2, 8, 2], [5, 5, 6, 7, 8, 9, 10]]),
+        "attention_mask": torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]]),
+        "completion_mask": torch.tensor([[True, True, False, False], [True, True, True, True]]),
+    }
+    slices = list(V.micro_batches(batch, 1))
+    assert slices[0][1].tolist() == [[5, 6, 7, 2]]  # left pad and trailing padding trimmed
+    assert slices[0][3].tolist() == [[True, True]]
+    assert slices[1][1].shape == (1, 7)
+    eos = tokenizer.eos_token_id
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    generated = V.generate(
+        model, [[1, 5, 6]] * 16, GenerationConfig(do_sample=True, top_k=0, max_new_tokens=12), [eos], 0, "cpu"
+    )
+    completion = generated["input_ids"][:, 3:]
+    for row, mask in zip(completion.tolist(), generated["completion_mask"].tolist()):
+        n = sum(mask)
+        assert mask == [True] * n + [False] * (len(mask) - n)
+        assert eos not in row[: n - 1] and (n == len(row) or row[n - 1] == eos)
+
+
+# ---------------------------------------------------------------- training loop
+
+
+def test_first_step_ratio_is_exactly_one_with_no_lag(tiny, tmp_path, toy_reward):
+    # Qwen2, micro-batches (trimmed separately) and gradient checkpointing: still r = 1 exactly at the first step.
+    args = tiny_args(tiny, tmp_path, model_id=tiny["qwen2"], micro_batch_size=8, gradient_checkpointing=True)
+    history = V.train(args)
+    step = history["steps"][0]
+    assert step["tv"] == 0.0 and step["approx_kl"] == 0.0 and step["filter_fraction"] == 0.0
+    assert history["iterations"][0]["tv_final"] > 0.0  # the update did move the policy
+
+
+@pytest.mark.parametrize("loss", ["ppo-clip", "vaco"])
+def test_mean_reward_rises(tiny, tmp_path, toy_reward, loss):
+    args = tiny_args(tiny, tmp_path, loss=loss, num_iterations=10, forward_lag=2, max_new_tokens=8, learning_rate=5e-3)
+    history = V.train(args)
+    rewards = [record["reward"] for record in history["iterations"]]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.15, rewards
+    first_steps = [s for s in history["steps"] if s["position"] == 1]
+    assert all(s["tv"] == 0.0 for s in first_steps)  # no backward lag: the first minibatch is on-policy
+    later = [s for s in history["steps"] if s["position"] == 2]
+    dropped = "clip_fraction" if loss == "ppo-clip" else "filter_fraction"
+    assert all(s[dropped] == 0.0 for s in first_steps)
+    assert any(s[dropped] > 0.0 for s in later)
+    if loss == "vaco":
+        assert all(s["filter_fraction"] == 0.0 for s in history["steps"] if not s["over_budget"])
+        assert all(s["over_budget"] == float(s["tv"] > V.Args.delta / 2) for s in history["steps"])
+
+
+def test_vaco_filter_with_gradient_accumulation_matches_one_pass(tiny, tmp_path, toy_reward):
+    """Splitting a minibatch into micro-batches changes neither D nor the mask nor the update."""
+    runs = []
+    for micro in (32, 8):
+        runs.append(V.train(tiny_args(tiny, tmp_path, micro_batch_size=micro, forward_lag=2, learning_rate=1e-2)))
+    one, accumulated = (run["steps"] for run in runs)
+    assert any(s["over_budget"] for s in one)
+    for a, b in zip(one, accumulated):
+        assert a["over_budget"] == b["over_budget"] and a["filter_fraction"] == b["filter_fraction"]
+        assert a["tv"] == pytest.approx(b["tv"], abs=1e-6)
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+
+
+def test_backward_lag_uses_stale_policies(tiny, tmp_path, toy_reward):
+    args = tiny_args(tiny, tmp_path, lag=2, lag_mode="fixed", num_iterations=4, learning_rate=1e-2, loss="ppo-clip")
+    history = V.train(args)
+    records = history["iterations"]
+    assert [r["staleness"] for r in records] == [0, 1, 2, 2]
+    assert records[0]["tv_backward"] == 0.0  # the buffer holds only the current policy
+    assert all(r["tv_backward"] > 0.0 for r in records[1:])
+
+
+def test_same_seed_same_result(tiny, tmp_path, toy_reward):
+    keys = ["reward", "tv_final", "response_length", "zero_std_fraction"]
+    runs = [V.train(tiny_args(tiny, tmp_path, num_iterations=2, lag=1)) for _ in range(2)]
+    assert [[r[k] for k in keys] for r in runs[0]["iterations"]] == [[r[k] for k in keys] for r in runs[1]["iterations"]]
+    assert runs[0]["steps"] == runs[1]["steps"]
+
+
+def test_nan_loss_stops_with_a_message(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(V, "compute_reward", lambda completion, reference: float("nan"))
+    with pytest.raises(SystemExit) as stop:
+        V.train(tiny_args(tiny, tmp_path))
+    assert "non-finite loss" in str(stop.value.code)
+
+
+# ---------------------------------------------------------------- inputs and command line
+
+
+def expect_usage_error(capsys, call, *fragments):
+    with pytest.raises(SystemExit) as stop:
+        call()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--micro-batch-size", "48"], "--micro-batch-size (48) must divide"),
+        (["--num-generations", "1"], "--num-generations"),
+        (["--forward-lag", "0"], "--forward-lag"),
+        (["--lag", "-1"], "--lag"),
+        (["--clip-low", "1.5"], "--clip-low"),
+        (["--delta", "0"], "--delta"),
+        (["--data-file", "/no/such/train.jsonl"], "does not exist"),
+        (["--eval-data-file", "/no/such/test.jsonl"], "does not exist"),
+        (["--model-id", "/no/such/model"], "no such model folder"),
+        (["--model-id", "./not/here"], "no such model folder"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
+    expect_usage_error(capsys, lambda: V.parse_args(argv), fragment)
+
+
+def test_sweep_style_booleans(tiny):
+    args = V.parse_args(["--track=True", "--save_model=True", "--cuda=False", "--model_id", tiny["llama"], "--lag=2"])
+    assert args.track and args.save_model and not args.cuda and args.lag == 2
+    assert not V.parse_args(["--track=False", "--model-id", tiny["llama"]]).track
+
+
+def test_malformed_jsonl_names_the_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"question": "q", "answer": "#### 1"}), "", "{not json", json.dumps({"question": "q"})]
+    bad.write_text("\n".join(lines) + "\n")
+    expect_usage_error(capsys, lambda: V.load_jsonl(str(bad)), f"{bad}:3:", "malformed JSON")
+    bad.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
+    expect_usage_error(capsys, lambda: V.load_jsonl(str(bad)), f"{bad}:3:", "'question' and 'answer'")
+    bad.write_text(json.dumps({"question": "q", "answer": "no final answer"}) + "\n")
+    expect_usage_error(capsys, lambda: V.load_jsonl(str(bad)), f"{bad}:1:", "####")
+
+
+def test_bad_data_stops_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("[1, 2]\n")
+    monkeypatch.setattr(V, "load_model_and_tokenizer", lambda model_id: pytest.fail("model loaded"))
+    args = V.Args(data_file=str(bad), run_dir=str(tmp_path / "run"), eval_every=0)
+    expect_usage_error(capsys, lambda: V.train(args), f"{bad}:1:")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("offline_flag", [True, False])
+def test_hub_model_without_network_asks_for_a_local_folder(capsys, monkeypatch, offline_flag):
+    # Without HF_HUB_OFFLINE, a failed DNS lookup stands for "no network": no download is attempted.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline_flag)
+    monkeypatch.setattr(V, "hub_resolvable", lambda: False)
+    expect_usage_error(
+        capsys, lambda: V.load_model_and_tokenizer("vaco-tests/no-such-model"), "vaco-tests/no-such-model", "--model-id"
+    )
+
+
+def test_hub_dataset(monkeypatch, capsys):
+    import datasets
+
+    rows = [{"question": q, "answer": a} for q, a in PROBLEMS[:2]]
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # datasets then reads its cache only
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config, split: rows)
+    assert V.load_split(None, "train") == [(PROBLEMS[0][0], 7.0), (PROBLEMS[1][0], 36.0)]
+
+    def offline(name, config, split):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    expect_usage_error(capsys, lambda: V.load_split(None, "train"), "openai/gsm8k", "--data-file")
+    expect_usage_error(capsys, lambda: V.load_split(None, "test"), "--eval-data-file")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(V, "hub_resolvable", lambda: False)  # no network: fail at once, do not retry
+    expect_usage_error(capsys, lambda: V.load_split(None, "train"), "no network", "--data-file")
+
+
+def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
+    command = [sys.executable, str(ROOT / "vaco_gsm8k.py"), "--model_id", tiny["llama"], "--data-file", tiny["data"]]
+    command += ["--eval-data-file", tiny["data"], "--eval-every=1", "--eval-size=5", "--num-iterations=2"]
+    command += ["--forward-lag=2", "--prompts-per-step=2", "--num-generations=4", "--micro-batch-size=4"]
+    command += ["--max-new-tokens=8", "--torch_threads=1", "--track=True", "--save-model", "--loss", "vaco"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("iter ") == 2 and result.stdout.count("eval step") == 3
+
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "gsm8k__vaco_gsm8k__vaco__1__*"))
+    saved = json.loads(Path(run_dir, "args.json").read_text())
+    assert saved["forward_lag"] == 2 and saved["track"] is True
+    events = EventAccumulator(run_dir)
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = set(V.STEP_TAGS.values()) - {"losses/clipfrac"} | set(V.ITERATION_TAGS.values())
+    expected |= {"eval/accuracy", "eval/format_rate"}
+    assert expected <= tags, expected - tags
+    assert "losses/clipfrac" not in tags  # a PPO-clip statistic
+    assert len(events.Scalars("lag/minibatch_tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
+    model, tokenizer = V.load_model_and_tokenizer(os.path.join(run_dir, "model"))
+    assert tokenizer.chat_template == V.AutoTokenizer.from_pretrained(tiny["llama"]).chat_template
+    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
