@@ -53,6 +53,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -414,7 +415,7 @@ def plot_metric_vs_lag(agg: pd.DataFrame, labels, lags, colors, metrics, path, t
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(title, fontsize=10)
+    _suptitle(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -445,7 +446,7 @@ def plot_intervals(agg: pd.DataFrame, labels, lags, colors, path):
                 ax.set_ylabel(f"lag {lag}")
     for ax in axes[-1]:
         ax.set_xlabel("normalised score")
-    fig.suptitle("Aggregate metrics with 95% stratified-bootstrap CIs (bar = CI, tick = point estimate)", fontsize=10)
+    _suptitle(fig, "Aggregate metrics with 95% stratified-bootstrap CIs (bar = CI, tick = point estimate)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -467,7 +468,7 @@ def plot_iqm_curves(curves: pd.DataFrame, labels, lags, colors, path, title):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("IQM normalised return")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    _suptitle(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -503,7 +504,7 @@ def plot_task_curves(final, runs, labels, lags, colors, grid, path):
             ax.grid(alpha=0.3)
             if r == 0 and c == len(lags) - 1:
                 ax.legend(fontsize=7)
-    fig.suptitle("Training episodic return per task: mean over seeds ± 1 standard error", fontsize=10)
+    _suptitle(fig, "Training episodic return per task: mean over seeds ± 1 standard error")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -524,6 +525,11 @@ def delta_of(final: pd.DataFrame, label: str) -> float:
         return float(d["tv_threshold"].dropna().iloc[0])
     return VACO_DEFAULTS["tv_threshold"] if label.startswith("vaco") else float("nan")
 
+
+
+def _suptitle(fig, text):
+    """A figure title wrapped to the figure's width (narrow figures would clip it)."""
+    fig.suptitle(textwrap.fill(text, width=max(30, int(13 * fig.get_figwidth()))), fontsize=10)
 
 def plot_tv(final: pd.DataFrame, labels, lags, colors, path, title):
     """Final TV (after the update) and backward TV (before it) vs lag: mean over runs ± 95% normal CI."""
@@ -554,7 +560,7 @@ def plot_tv(final: pd.DataFrame, labels, lags, colors, path, title):
             ax.grid(alpha=0.3)
         axes[r][0].set_ylabel("½ mean|π/β − 1|" + (" after update" if col == "final_tv" else " before update"))
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    _suptitle(fig, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -623,7 +629,7 @@ def plot_ablation(final, agg, family, variants, lags, path):
         _lag_axis(ax, lags)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"VACO ablation: {family}", fontsize=10)
+    _suptitle(fig, f"VACO ablation: {family}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,124 @@
+"""Throughput of the MuJoCo scripts against the physical limit of this machine, as one table.
+
+For one task and rollout shape it measures, in env-steps per second:
+- env only: each backend (gymnasium SyncVectorEnv, EnvPool) stepped with random actions, through the same
+  wrapper classes the scripts use (same-step autoreset included);
+- physics limit: `mujoco.rollout` on the task's model with one thread per core, open loop, counted in
+  env-steps (physics steps / the task's frame skip): no Python, no policy, no resets;
+- training: each script at lag 0 and lag 8 for a few iterations, split into rollout and update time.
+Absolute numbers on a shared machine drift by +-30%; read the fractions and the ratios.
+
+Usage: python tools/benchmark.py --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from mujoco import rollout
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from ppo_mujoco import EnvPoolEnvs, GymnasiumEnvs  # noqa: E402  (the scripts' own env wrappers)
+
+mujoco.set_mju_user_warning(lambda msg: None)
+
+
+def env_only_sps(backend, env_id, num_envs, steps, threads):
+    if backend == "envpool":
+        envs = EnvPoolEnvs(env_id, num_envs, seed=1, num_threads=threads)
+    else:
+        envs = GymnasiumEnvs(env_id, num_envs, seed=1)
+    space = envs.single_action_space
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(space.low, space.high, (steps, num_envs) + space.shape).astype(np.float32)
+    envs.reset()
+    start = time.perf_counter()
+    for t in range(steps):
+        envs.step(actions[t])
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return steps * num_envs / elapsed
+
+
+def physics_limit_sps(env_id, num_envs, steps, threads):
+    """Open-loop physics with mujoco.rollout, one MjData per thread, counted in env-steps: each of num_envs
+    simulations starts from a reset state of the task and gets uniform random controls (as random actions)."""
+    env = gym.make(env_id).unwrapped
+    model, frame_skip = env.model, env.frame_skip
+    sig = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    state = np.zeros((num_envs, mujoco.mj_stateSize(model, sig)))
+    for i in range(num_envs):
+        env.reset(seed=i)
+        mujoco.mj_getState(model, env.data, state[i], sig)
+    rng = np.random.default_rng(0)
+    low, high = model.actuator_ctrlrange[:, 0], model.actuator_ctrlrange[:, 1]
+    control = rng.uniform(low, high, (num_envs, steps, model.nu)).repeat(frame_skip, axis=1)
+    data = [mujoco.MjData(model) for _ in range(threads)]
+    with rollout.Rollout(nthread=threads) as r:
+        r.rollout(model, data, state, control[:, :frame_skip])  # warm-up: the thread pool
+        start = time.perf_counter()
+        r.rollout(model, data, state, control)
+        elapsed = time.perf_counter() - start
+    env.close()
+    return num_envs * steps / elapsed
+
+
+def training(script, env_id, backend, num_envs, num_steps, iterations, lag):
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--env-backend", backend,
+               "--num-envs", str(num_envs), "--num-steps", str(num_steps), "--lag", str(lag),
+               "--total-timesteps", str(num_envs * num_steps * iterations), "--eval-episodes", "0",
+               "--run-dir", run_dir]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"{script} failed:\n{proc.stderr[-2000:]}")
+        summary = json.loads(Path(run_dir, "summary.json").read_text())
+    steps = summary["global_step"]
+    return steps / (summary["rollout_seconds"] + summary["update_seconds"]), summary
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="HalfCheetah-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--num-steps", type=int, default=256)
+    parser.add_argument("--iterations", type=int, default=8, help="training iterations per script and lag")
+    parser.add_argument("--env-steps", type=int, default=2000, help="vector steps for the env-only measurements")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for EnvPool and the physics limit")
+    parser.add_argument("--backend", default="gymnasium", choices=["gymnasium", "envpool"], help="backend for training")
+    parser.add_argument("--scripts", nargs="+", default=["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"])
+    parser.add_argument("--lags", nargs="+", type=int, default=[0, 8])
+    args = parser.parse_args()
+
+    steps = max(1, args.env_steps // max(1, args.num_envs // 8))  # keep the env-only runs to a few seconds
+    limit = physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)
+    rows = [("physics limit (mujoco.rollout, %d threads)" % args.threads, limit, "", "")]
+    for backend in ("gymnasium", "envpool"):
+        rows.append((f"env only: {backend}", env_only_sps(backend, args.env_id, args.num_envs, steps, args.threads), "", ""))
+    ppo_sps = {}
+    for lag in args.lags:
+        for script in args.scripts:
+            sps, s = training(script, args.env_id, args.backend, args.num_envs, args.num_steps, args.iterations, lag)
+            ppo_sps.setdefault(lag, sps) if script == "ppo_mujoco" else None
+            ratio = f"{sps / ppo_sps[lag]:.2f}x PPO" if lag in ppo_sps else ""
+            split = f"rollout {s['rollout_seconds']:.1f}s / update {s['update_seconds']:.1f}s"
+            rows.append((f"train {script} lag {lag} ({args.backend})", sps, split, ratio))
+
+    print(f"\n{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores")
+    print(f"| what | env-steps/s | of physics limit | time split | vs PPO |\n|---|---:|---:|---|---|")
+    for name, sps, split, ratio in rows:
+        print(f"| {name} | {sps:,.0f} | {sps / limit:.2f} | {split} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
