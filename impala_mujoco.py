@@ -558,8 +558,16 @@ if __name__ == "__main__":
                 start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
                 backward_tv = total_variation(start_logprobs - logprobs).item()
                 returns, advantages = vtrace(
-                    rewards, values, next_values, terminations, dones, start_logprobs - logprobs,
-                    args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+                    rewards,
+                    values,
+                    next_values,
+                    terminations,
+                    dones,
+                    start_logprobs - logprobs,
+                    args.gamma,
+                    args.gae_lambda,
+                    args.rho_bar,
+                    args.c_bar,
                 )
 
             # flatten the batch
@@ -579,9 +587,16 @@ if __name__ == "__main__":
                     if epoch or start:  # realign on the fly (the first minibatch has the targets computed above)
                         with torch.no_grad():
                             returns, advantages = vtrace(
-                                rewards, agent.get_value(obs), agent.get_value(next_obs_buf), terminations, dones,
+                                rewards,
+                                agent.get_value(obs),
+                                agent.get_value(next_obs_buf),
+                                terminations,
+                                dones,
                                 agent.get_dist(obs).log_prob(actions).sum(-1) - logprobs,
-                                args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+                                args.gamma,
+                                args.gae_lambda,
+                                args.rho_bar,
+                                args.c_bar,
                             )
                         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 

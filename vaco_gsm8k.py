@@ -134,10 +134,7 @@ class Args:
 
 
 GSM8K_ID = "openai/gsm8k"
-INSTRUCTION = (
-    "Solve the problem step by step. End with the final answer on its own line, "
-    "in the form '#### <number>'."
-)
+INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
 # TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
 # the quantity is the same. The x-axis is the optimizer step.
 STEP_TAGS = {

@@ -574,8 +574,16 @@ if __name__ == "__main__":
                 backward_tv = total_variation(start_logprobs - logprobs).item()
                 if args.realign:  # align once: these targets and advantages stay fixed for every epoch
                     returns, advantages = vtrace(
-                        rewards, values, next_values, terminations, dones, start_logprobs - logprobs,
-                        args.gamma, args.gae_lambda, args.rho_bar, args.c_bar,
+                        rewards,
+                        values,
+                        next_values,
+                        terminations,
+                        dones,
+                        start_logprobs - logprobs,
+                        args.gamma,
+                        args.gae_lambda,
+                        args.rho_bar,
+                        args.c_bar,
                     )
                 else:
                     advantages, returns = compute_gae(

@@ -16,8 +16,20 @@ torch.set_num_threads(1)
 MUJOCO_SCRIPTS = ["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"]
 # A tiny budget: 2 iterations of 4 envs x 64 steps, 2 epochs of 4 minibatches, no evaluation.
 TINY = [
-    "--env-id", "Hopper-v5", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512",
-    "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "0",
+    "--env-id",
+    "Hopper-v5",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--total-timesteps",
+    "512",
+    "--num-minibatches",
+    "4",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "0",
 ]
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": "egl", "WANDB_MODE": "disabled"}
 
@@ -30,10 +42,16 @@ def run_script(script, *args, env=None, timeout=600, check=True):
     """Run `python <script>.py args...` from the repository root and return the CompletedProcess."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)],
-        cwd=ROOT, env={**SUBPROCESS_ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env={**SUBPROCESS_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 

@@ -54,6 +54,16 @@ def test_targets_are_recomputed_with_the_current_policy(tmp_path):
     agent = g["agent"]
     assert "losses/clipfrac" not in read_scalars(tmp_path)
     with torch.no_grad():
-        start = impala.vtrace(g["rewards"], g["values"], g["next_values"], g["terminations"], g["dones"],
-                              g["start_logprobs"] - g["logprobs"], 0.99, 1.0, 1.0, 1.0)[0]
+        start = impala.vtrace(
+            g["rewards"],
+            g["values"],
+            g["next_values"],
+            g["terminations"],
+            g["dones"],
+            g["start_logprobs"] - g["logprobs"],
+            0.99,
+            1.0,
+            1.0,
+            1.0,
+        )[0]
     assert not torch.allclose(g["returns"], start)

@@ -4,11 +4,9 @@ Every test here runs for each script that exists, so a common part that drifts i
 
 import ast
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,10 +15,22 @@ import torch
 from conftest import MUJOCO_SCRIPTS, ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_in_process, run_script
 
 COMMON_KEYS = {
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl", "losses/approx_kl",
-    "losses/explained_variance", "lag/staleness_mean", "lag/staleness_max", "lag/backward_tv", "lag/final_tv",
-    "perf/rollout_seconds", "perf/update_seconds",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/explained_variance",
+    "lag/staleness_mean",
+    "lag/staleness_max",
+    "lag/backward_tv",
+    "lag/final_tv",
+    "perf/rollout_seconds",
+    "perf/update_seconds",
 }
 
 SCRIPT_KEYS = {
@@ -82,8 +92,22 @@ def test_wandb_sweep_style_arguments(script):
 
 def test_common_code_is_identical_across_scripts():
     """The building blocks every script shares must stay byte-identical (the diffs show only the algorithm)."""
-    common = {"check_args", "parse_args", "make_env", "GymnasiumEnvs", "EnvPoolEnvs", "layer_init", "RunningMeanStd",
-              "Agent", "load_agent", "evaluate", "draw_staleness", "total_variation", "value_loss", "format_eta"}
+    common = {
+        "check_args",
+        "parse_args",
+        "make_env",
+        "GymnasiumEnvs",
+        "EnvPoolEnvs",
+        "layer_init",
+        "RunningMeanStd",
+        "Agent",
+        "load_agent",
+        "evaluate",
+        "draw_staleness",
+        "total_variation",
+        "value_loss",
+        "format_eta",
+    }
     sources = {}
     for script in MUJOCO_SCRIPTS:
         path = ROOT / f"{script}.py"
@@ -194,8 +218,16 @@ def test_non_finite_loss_stops_with_a_message(tmp_path):
 
 
 def test_ctrl_c_still_saves_the_model(tmp_path):
-    cmd = [sys.executable, str(ROOT / "ppo_mujoco.py"), *TINY, "--total-timesteps", "1000000", "--save-model",
-           "--run-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "ppo_mujoco.py"),
+        *TINY,
+        "--total-timesteps",
+        "1000000",
+        "--save-model",
+        "--run-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("[1/")  # training is under way
     proc.send_signal(signal.SIGINT)
@@ -212,6 +244,12 @@ def test_capture_video_headless(tmp_path):
 
 
 def test_track_offline_writes_a_wandb_run(tmp_path):
-    run_script("ppo_mujoco", *TINY, "--track", "--run-dir", tmp_path / "run",
-               env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    run_script(
+        "ppo_mujoco",
+        *TINY,
+        "--track",
+        "--run-dir",
+        tmp_path / "run",
+        env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
+    )
     assert list((tmp_path / "wandb").glob("offline-run-*"))

@@ -52,6 +52,7 @@ def script_module(name: str):
 
 # ------------------------------------------------------------------------------------------ wandb sweeps
 
+
 def expand_grid(config: dict) -> list[dict]:
     """All parameter combinations of a `method: grid` sweep (what the wandb grid search enumerates)."""
     names, choices = [], []
@@ -86,8 +87,9 @@ def render_with_wandb_agent(config: dict, params: dict, tmp_path, monkeypatch) -
     monkeypatch.setattr(wandb_agent, "AgentProcess", Recorder)
     agent = wandb_agent.Agent(api=None, queue=None, sweep_id="test")
     agent._sweep_command = list(config.get("command") or [])
-    agent._command_run({"type": "run", "run_id": "run0", "program": config["program"],
-                        "args": {k: {"value": v} for k, v in params.items()}})
+    agent._command_run(
+        {"type": "run", "run_id": "run0", "program": config["program"], "args": {k: {"value": v} for k, v in params.items()}}
+    )
     return captured["command"]
 
 
@@ -121,14 +123,34 @@ def test_sweep_renders_and_script_accepts(sweep, tmp_path, monkeypatch):
         args = module.parse_args(argv[3:])
         for name, value in params.items():
             got = getattr(args, name)
-            assert (math.isclose(got, value) if isinstance(value, float) else got == value), (name, got, value)
+            assert math.isclose(got, value) if isinstance(value, float) else got == value, (name, got, value)
 
 
 @pytest.mark.parametrize("label", ["ppo", "spo", "impala", "vaco", *run_grid.ABLATIONS])
 def test_runner_command_lines_accepted_by_scripts(label, tmp_path):
-    opts = run_grid.parse_args(["--algos", label, "--envs", "Hopper-v5", "--lags", "2", "--seeds", "3",
-                                "--lag-modes", "fixed", "--total-timesteps", "500000", "--out", str(tmp_path),
-                                "--", "--num-envs", "4", "--num-steps", "64"])
+    opts = run_grid.parse_args(
+        [
+            "--algos",
+            label,
+            "--envs",
+            "Hopper-v5",
+            "--lags",
+            "2",
+            "--seeds",
+            "3",
+            "--lag-modes",
+            "fixed",
+            "--total-timesteps",
+            "500000",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "64",
+        ]
+    )
     (run,) = run_grid.build_runs(opts)
     module = script_module(Path(run.cmd[1]).name)
     args = module.parse_args(run.cmd[2:])
@@ -149,7 +171,7 @@ def test_runner_command_lines_accepted_by_scripts(label, tmp_path):
 
 # ------------------------------------------------------------------------------------------ grid runner
 
-FAKE_SCRIPT = r'''
+FAKE_SCRIPT = r"""
 import argparse, json, os, sys, time
 t0 = time.time()
 p = argparse.ArgumentParser()
@@ -188,7 +210,7 @@ time.sleep(0.5)  # long enough for the two workers' runs to overlap
 w.close()
 json.dump({"global_step": T, "final_return": base, "start": t0, "end": time.time()},
           open(os.path.join(args.run_dir, "summary.json"), "w"))
-'''
+"""
 
 
 def run_runner(argv, timeout=120):
@@ -200,8 +222,27 @@ def test_run_grid_fake_script(tmp_path):
     fake = tmp_path / "fake_train.py"
     fake.write_text(FAKE_SCRIPT)
     out = tmp_path / "grid"
-    argv = ["--algos", "ppo", "vaco-nofilter", "bad=spo --fail", "--envs", "Hopper-v5", "--lags", "2",
-            "--seeds", "1", "2", "--total-timesteps", "1000", "--workers", "2", "--out", str(out), "--poll", "0.1"]
+    argv = [
+        "--algos",
+        "ppo",
+        "vaco-nofilter",
+        "bad=spo --fail",
+        "--envs",
+        "Hopper-v5",
+        "--lags",
+        "2",
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "1000",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        "--poll",
+        "0.1",
+    ]
     for base in ("ppo", "vaco", "spo"):
         argv += ["--script", f"{base}={fake}"]
     extra = ["--", "--num-envs", "3"]
@@ -215,8 +256,12 @@ def test_run_grid_fake_script(tmp_path):
     first = run_runner(argv)
     assert first.returncode == 1, first.stdout + first.stderr
     good = sorted(p.parent.name for p in out.glob("*/summary.json"))
-    assert good == ["Hopper-v5__ppo__lag2__s1", "Hopper-v5__ppo__lag2__s2",
-                    "Hopper-v5__vaco-nofilter__lag2__s1", "Hopper-v5__vaco-nofilter__lag2__s2"]
+    assert good == [
+        "Hopper-v5__ppo__lag2__s1",
+        "Hopper-v5__ppo__lag2__s2",
+        "Hopper-v5__vaco-nofilter__lag2__s1",
+        "Hopper-v5__vaco-nofilter__lag2__s2",
+    ]
     assert "4 finished" in first.stdout and "2 failed" in first.stdout
     assert "2 FAILED run(s)" in first.stdout and "RuntimeError: boom, fake failure" in first.stdout
     assert "Hopper-v5__bad__lag2__s1 (exit code 3" in first.stdout
@@ -226,8 +271,9 @@ def test_run_grid_fake_script(tmp_path):
     assert rec["argv"][-2:] == ["--num-envs", "3"]
     assert (out / "Hopper-v5__ppo__lag2__s1" / "train.log").read_text().count("fake training") == 1
     spans = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
-    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)), \
-        "two workers should overlap"
+    assert any(
+        a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)
+    ), "two workers should overlap"
 
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
     second = run_runner(argv)  # resume: finished runs are skipped, the failed ones are retried (and fail again)
@@ -242,8 +288,9 @@ def test_run_grid_fake_script(tmp_path):
     # the runner's output aggregates: final score = mean over the last 10% of steps
     ref = tmp_path / "ref.csv"
     ref.write_text("env_id,random_return,reference_return\nHopper-v5,0,1000\n")
-    res = aggregate.aggregate([out], tmp_path / "res", reference=ref, reps=50, curve_reps=20, curve_points=10,
-                              plots=False, log=lambda m: None)
+    res = aggregate.aggregate(
+        [out], tmp_path / "res", reference=ref, reps=50, curve_reps=20, curve_points=10, plots=False, log=lambda m: None
+    )
     final = res["final"].set_index(["algo", "seed"])
     assert final.loc[("ppo", 2), "final_return"] == pytest.approx(220.0)
     assert final.loc[("vaco-nofilter", 1), "final_return"] == pytest.approx(125.0)
@@ -255,9 +302,33 @@ def test_run_grid_interrupt(tmp_path):
     fake = tmp_path / "fake_train.py"
     fake.write_text(FAKE_SCRIPT)
     out = tmp_path / "grid"
-    cmd = [sys.executable, str(REPO / "tools" / "run_grid.py"), "--algos", "ppo", "--envs", "Hopper-v5", "--lags", "0",
-           "--seeds", "1", "2", "3", "--total-timesteps", "100", "--workers", "2", "--out", str(out), "--poll", "0.1",
-           "--script", f"ppo={fake}", "--", "--sleep", "60"]
+    cmd = [
+        sys.executable,
+        str(REPO / "tools" / "run_grid.py"),
+        "--algos",
+        "ppo",
+        "--envs",
+        "Hopper-v5",
+        "--lags",
+        "0",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--total-timesteps",
+        "100",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        "--poll",
+        "0.1",
+        "--script",
+        f"ppo={fake}",
+        "--",
+        "--sleep",
+        "60",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 30
     while len(list(out.glob("*/args.json"))) < 2 and time.time() < deadline:  # both workers' runs have started
@@ -277,11 +348,15 @@ def test_run_grid_labels_and_errors():
     for bad in ("dqn", "vaco-nonsense", "x=dqn --a"):
         with pytest.raises(ValueError):
             run_grid.parse_variant(bad)
-    opts = run_grid.parse_args(["--algos", "ppo", "--ablations", "--envs", "A-v0", "B-v0", "--lags", "0", "8",
-                                "--seeds", "1", "2", "--shard", "1/3"])
+    opts = run_grid.parse_args(
+        ["--algos", "ppo", "--ablations", "--envs", "A-v0", "B-v0", "--lags", "0", "8", "--seeds", "1", "2", "--shard", "1/3"]
+    )
     assert opts.algos[:2] == ["ppo", "vaco"] and len(opts.algos) == 2 + len(run_grid.ABLATIONS)
-    full = run_grid.build_runs(run_grid.parse_args(["--algos", "ppo", "--ablations", "--envs", "A-v0", "B-v0",
-                                                    "--lags", "0", "8", "--seeds", "1", "2"]))
+    full = run_grid.build_runs(
+        run_grid.parse_args(
+            ["--algos", "ppo", "--ablations", "--envs", "A-v0", "B-v0", "--lags", "0", "8", "--seeds", "1", "2"]
+        )
+    )
     assert len(full) == len(opts.algos) * 2 * 2 * 2
     assert [r.run_dir for r in run_grid.build_runs(opts)] == [r.run_dir for r in full[1::3]]
     assert full[0].seed == 1 and full[-1].seed == 2  # seed-major order
@@ -309,8 +384,14 @@ def write_synthetic_run(root: Path, algo: str, task: str, lag: int, seed: int, s
     final = lo + score * (hi - lo)
     d = root / f"{task}__{algo}__lag{lag}__s{seed}"
     d.mkdir(parents=True)
-    args = {"exp_name": "vaco_mujoco" if algo.startswith("vaco") else f"{algo}_mujoco", "env_id": task, "lag": lag,
-            "lag_mode": "uniform", "seed": seed, "total_timesteps": T}
+    args = {
+        "exp_name": "vaco_mujoco" if algo.startswith("vaco") else f"{algo}_mujoco",
+        "env_id": task,
+        "lag": lag,
+        "lag_mode": "uniform",
+        "seed": seed,
+        "total_timesteps": T,
+    }
     if algo.startswith("vaco"):
         args.update(tv_threshold=0.2, rho_bar=1.0, realign=True, filter=algo != "vaco-nofilter")
     (d / "args.json").write_text(json.dumps(args))
@@ -339,19 +420,20 @@ def synthetic(tmp_path_factory):
                 write_synthetic_run(root, algo, task, lag, seed_idx + 1, score)
     write_synthetic_run(root, "ppo", "TaskA-v0", 0, 7, 99.0, finished=False)  # unfinished: ignored
     ref = root.parent / "reference.csv"
-    ref.write_text("# test table\nenv_id,random_return,reference_return\n"
-                   + "".join(f"{k},{lo},{hi}\n" for k, (lo, hi) in REF.items()))
+    ref.write_text(
+        "# test table\nenv_id,random_return,reference_return\n" + "".join(f"{k},{lo},{hi}\n" for k, (lo, hi) in REF.items())
+    )
     out = root.parent / "results"
-    res = aggregate.aggregate([root], out, reference=ref, reps=200, curve_reps=50, curve_points=20, seed=0,
-                              log=lambda m: None)
+    res = aggregate.aggregate([root], out, reference=ref, reps=200, curve_reps=50, curve_points=20, seed=0, log=lambda m: None)
     return root, out, res
 
 
 def test_normalise():
-    ref = pd.DataFrame({"random_return": [0.0, -100.0], "reference_return": [100.0, 100.0]},
-                       index=pd.Index(["TaskA-v0", "TaskB-v0"], name="env_id"))
-    assert np.allclose(aggregate.normalise([50.0, 0.0, 300.0], ["TaskA-v0", "TaskB-v0", "TaskB-v0"], ref),
-                       [0.5, 0.5, 2.0])
+    ref = pd.DataFrame(
+        {"random_return": [0.0, -100.0], "reference_return": [100.0, 100.0]},
+        index=pd.Index(["TaskA-v0", "TaskB-v0"], name="env_id"),
+    )
+    assert np.allclose(aggregate.normalise([50.0, 0.0, 300.0], ["TaskA-v0", "TaskB-v0", "TaskB-v0"], ref), [0.5, 0.5, 2.0])
 
 
 def test_metrics_match_rliable():
@@ -360,8 +442,12 @@ def test_metrics_match_rliable():
     rs = np.random.RandomState(0)
     for shape in [(4, 2), (5, 3), (10, 5), (7, 1), (3, 4)]:
         x = rs.randn(*shape)
-        expected = [metrics.aggregate_median(x), metrics.aggregate_iqm(x), metrics.aggregate_mean(x),
-                    metrics.aggregate_optimality_gap(x)]
+        expected = [
+            metrics.aggregate_median(x),
+            metrics.aggregate_iqm(x),
+            metrics.aggregate_mean(x),
+            metrics.aggregate_optimality_gap(x),
+        ]
         assert np.allclose(aggregate.aggregate_metrics(x), expected)
         y = rs.randn(*shape, 6)
         assert np.allclose(aggregate.iqm_per_point(y), [metrics.aggregate_iqm(y[..., t]) for t in range(6)])
@@ -402,8 +488,19 @@ def test_aggregate_csv_contents(synthetic):
     assert row.final_tv == pytest.approx(0.05) and row.eval_return == pytest.approx(3.0)
     assert final[final.lag == 4].backward_tv.to_numpy() == pytest.approx(0.08)
     runs = pd.read_csv(out / "runs.csv")
-    assert {"run_dir", "algo", "task", "lag", "lag_mode", "seed", "step", "episodic_return", "final_tv", "backward_tv",
-            "sps"} <= set(runs.columns)
+    assert {
+        "run_dir",
+        "algo",
+        "task",
+        "lag",
+        "lag_mode",
+        "seed",
+        "step",
+        "episodic_return",
+        "final_tv",
+        "backward_tv",
+        "sps",
+    } <= set(runs.columns)
     assert len(runs) == len(final) * 11  # steps 100..900, 960, 1000
     one = runs[(runs.algo == "vaco") & (runs.task == "TaskA-v0") & (runs.lag == 4) & (runs.seed == 3)]
     assert one.step.tolist() == [100, 200, 300, 400, 500, 600, 700, 800, 900, 960, 1000]
@@ -418,8 +515,14 @@ def test_aggregate_csv_contents(synthetic):
 
 def test_plots_written(synthetic):
     _, out, res = synthetic
-    for name in ("aggregate_vs_lag.png", "aggregate_intervals.png", "iqm_curves.png", "task_curves.png",
-                 "final_tv.png", "ablation_components.png"):
+    for name in (
+        "aggregate_vs_lag.png",
+        "aggregate_intervals.png",
+        "iqm_curves.png",
+        "task_curves.png",
+        "final_tv.png",
+        "ablation_components.png",
+    ):
         assert name in res["written"]
         assert (out / name).stat().st_size > 10_000, name
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

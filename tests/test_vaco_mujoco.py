@@ -91,6 +91,7 @@ def test_smoke_logs_vaco_keys_and_ablation_flags(tmp_path):
     # delta = 0: every minibatch is over budget, except the very first (lag 0 there, so D is exactly 0).
     assert [v for _, v in scalars["vaco/over_budget_frac"]] == [7 / 8, 1.0]
     assert all(0.2 < v < 0.8 for _, v in scalars["vaco/filter_frac"])
-    run_script("vaco_mujoco", *TINY, "--lag", "2", "--no-filter", "--no-realign", "--tv-threshold", "0",
-               "--run-dir", tmp_path / "b")
+    run_script(
+        "vaco_mujoco", *TINY, "--lag", "2", "--no-filter", "--no-realign", "--tv-threshold", "0", "--run-dir", tmp_path / "b"
+    )
     assert all(v == 0.0 for _, v in read_scalars(tmp_path / "b")["vaco/filter_frac"])

@@ -73,9 +73,17 @@ FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
 # per-run final returns. Source: vwxyzjn/cleanrl docs/rl-algorithms/rpo.md ("MuJoCo v4" tab; Pusher-v4 is the
 # v4 task, which does not run on mujoco>=3 here, so it only serves Pusher-v5).
 CLEANRL_PPO_8M = {
-    "Ant": 1824.17, "HalfCheetah": 2637.19, "Hopper": 2741.42, "Walker2d": 2872.92, "Humanoid": 583.17,
-    "HumanoidStandup": 109325.87, "InvertedPendulum": 888.83, "InvertedDoublePendulum": 5626.22,
-    "Reacher": -4.65, "Swimmer": 124.88, "Pusher": -30.35,
+    "Ant": 1824.17,
+    "HalfCheetah": 2637.19,
+    "Hopper": 2741.42,
+    "Walker2d": 2872.92,
+    "Humanoid": 583.17,
+    "HumanoidStandup": 109325.87,
+    "InvertedPendulum": 888.83,
+    "InvertedDoublePendulum": 5626.22,
+    "Reacher": -4.65,
+    "Swimmer": 124.88,
+    "Pusher": -30.35,
 }
 REFERENCE_ENVS = [f"{name}-{v}" for name in CLEANRL_PPO_8M for v in ("v4", "v5") if f"{name}-{v}" != "Pusher-v4"]
 REFERENCE_HEADER = """\
@@ -91,6 +99,7 @@ REFERENCE_HEADER = """\
 
 
 # ----------------------------------------------------------------------------------------------- loading
+
 
 def short_name(tag: str) -> str:
     prefix, _, name = tag.partition("/")
@@ -181,8 +190,17 @@ def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
         "n_returns": int(series["episodic_return"].notna().sum()) if "episodic_return" in series else 0,
         "final_return": window_mean(series["episodic_return"], last_step) if "episodic_return" in series else float("nan"),
     }
-    for name in ("final_tv", "backward_tv", "staleness_mean", "vaco_filter_frac", "vaco_over_budget_frac", "vaco_tv",
-                 "clipfrac", "ratio_dev", "sps"):
+    for name in (
+        "final_tv",
+        "backward_tv",
+        "staleness_mean",
+        "vaco_filter_frac",
+        "vaco_over_budget_frac",
+        "vaco_tv",
+        "clipfrac",
+        "ratio_dev",
+        "sps",
+    ):
         if name in series:
             row[name] = window_mean(series[name], last_step)
     row["eval_return"] = float(evals.mean()) if evals is not None and len(evals) else float("nan")
@@ -191,8 +209,18 @@ def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
             v = summary.get(key)
             row[f"summary_{key}"] = float(v) if v is not None else float("nan")
         row["_mtime"] = summary_path.stat().st_mtime
-    for key in ("total_timesteps", "num_envs", "num_steps", "tv_threshold", "rho_bar", "c_bar", "realign", "filter",
-                "clip_coef", "exp_name"):
+    for key in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "tv_threshold",
+        "rho_bar",
+        "c_bar",
+        "realign",
+        "filter",
+        "clip_coef",
+        "exp_name",
+    ):
         if key in args:
             row[key] = args[key]
     tidy = wide.reset_index()
@@ -252,6 +280,7 @@ def load_all(roots, include_unfinished=False, log=print) -> tuple[pd.DataFrame, 
 
 # ----------------------------------------------------------------------------------------------- statistics
 
+
 def score_matrix(df: pd.DataFrame, column: str, warn=None):
     """(runs x tasks) matrix of `column` for one (algo, lag) slice, equal runs per task (lowest seeds kept)."""
     tasks = sorted(df["task"].unique())
@@ -272,8 +301,7 @@ def _interval(score_dict, func, reps, seed):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # arch: "random_state is deprecated"
-            point, ci = rly.get_interval_estimates(score_dict, func, reps=reps,
-                                                   random_state=np.random.RandomState(seed))
+            point, ci = rly.get_interval_estimates(score_dict, func, reps=reps, random_state=np.random.RandomState(seed))
     finally:
         np.random.set_state(saved)
     return point, ci
@@ -284,7 +312,7 @@ def _iqm(x: np.ndarray, axis=None):
     a = np.sort(x, axis=None) if axis is None else np.sort(x, axis=axis)
     n = a.shape[0]
     k = int(0.25 * n)
-    return a[k:n - k].mean(axis=0)
+    return a[k : n - k].mean(axis=0)
 
 
 def aggregate_metrics(x: np.ndarray) -> np.ndarray:
@@ -308,8 +336,10 @@ def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.
     rows = []
     for (algo, lag), df in final.groupby(["algo", "lag"], sort=True):
         if not np.isfinite(df["normalized_score"]).all():
-            log(f"warning: {algo} lag {lag}: runs without any episodic return left out: "
-                f"{list(df.loc[~np.isfinite(df['normalized_score']), 'run_dir'])}")
+            log(
+                f"warning: {algo} lag {lag}: runs without any episodic return left out: "
+                f"{list(df.loc[~np.isfinite(df['normalized_score']), 'run_dir'])}"
+            )
             df = df[np.isfinite(df["normalized_score"])]
         if df.empty:
             continue
@@ -322,8 +352,19 @@ def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.
             p2, c2 = _interval({algo: a}, iqm_only, reps, seed)
             entries.append(("auc_iqm", p2[algo][0], c2[algo][0][0], c2[algo][1][0]))
         for metric, p, lo, hi in entries:
-            rows.append({"algo": algo, "lag": lag, "metric": metric, "estimate": p, "ci_low": lo, "ci_high": hi,
-                         "n_tasks": x.shape[1], "runs_per_task": x.shape[0], "tasks": " ".join(tasks)})
+            rows.append(
+                {
+                    "algo": algo,
+                    "lag": lag,
+                    "metric": metric,
+                    "estimate": p,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n_tasks": x.shape[1],
+                    "runs_per_task": x.shape[0],
+                    "tasks": " ".join(tasks),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -356,8 +397,16 @@ def curve_table(final: pd.DataFrame, curves: dict, grid: np.ndarray, reps: int, 
         x = np.stack([np.stack(c[:n]) for c in per_task], axis=1)  # runs x tasks x points
         point, ci = _interval({algo: x}, iqm_per_point, reps, seed)
         for i, step in enumerate(grid):
-            rows.append({"algo": algo, "lag": lag, "step": step, "iqm": point[algo][i],
-                         "ci_low": ci[algo][0][i], "ci_high": ci[algo][1][i]})
+            rows.append(
+                {
+                    "algo": algo,
+                    "lag": lag,
+                    "step": step,
+                    "iqm": point[algo][i],
+                    "ci_low": ci[algo][0][i],
+                    "ci_high": ci[algo][1][i],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -371,6 +420,7 @@ def per_task_table(final: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------- plots
+
 
 def is_ablation(label: str) -> bool:
     return label.startswith("vaco-")
@@ -408,8 +458,15 @@ def plot_metric_vs_lag(agg: pd.DataFrame, labels, lags, colors, metrics, path, t
             x = np.arange(len(lags)) + (j - (len(labels) - 1) / 2) * 0.04
             ax.plot(x, d["estimate"], "o-", color=colors[label], label=label, lw=1.8, ms=4)
             ax.fill_between(x, d["ci_low"], d["ci_high"], color=colors[label], alpha=0.15, lw=0)
-            ax.errorbar(x, d["estimate"], yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
-                        fmt="none", ecolor=colors[label], alpha=0.6, capsize=2)
+            ax.errorbar(
+                x,
+                d["estimate"],
+                yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
+                fmt="none",
+                ecolor=colors[label],
+                alpha=0.6,
+                capsize=2,
+            )
         _lag_axis(ax, lags)
         ax.set_title(METRIC_TITLES.get(metric, metric) + (" (lower is better)" if metric == "optimality_gap" else ""))
         ax.grid(alpha=0.3)
@@ -425,8 +482,9 @@ def plot_intervals(agg: pd.DataFrame, labels, lags, colors, path):
     """rliable-style interval plot: rows = lags, columns = the four metrics, one bar (95% CI) per algorithm."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(lags), 4, figsize=(14, 0.45 * len(labels) * len(lags) + 1.2 * len(lags) + 0.5),
-                             squeeze=False, sharex="col")
+    fig, axes = plt.subplots(
+        len(lags), 4, figsize=(14, 0.45 * len(labels) * len(lags) + 1.2 * len(lags) + 0.5), squeeze=False, sharex="col"
+    )
     for r, lag in enumerate(lags):
         for c, metric in enumerate(METRICS):
             ax = axes[r][c]
@@ -479,8 +537,7 @@ def plot_task_curves(final, runs, labels, lags, colors, grid, path):
     import matplotlib.pyplot as plt
 
     tasks = sorted(final["task"].unique())
-    fig, axes = plt.subplots(len(tasks), len(lags), figsize=(3.6 * len(lags), 2.8 * len(tasks)), squeeze=False,
-                             sharey="row")
+    fig, axes = plt.subplots(len(tasks), len(lags), figsize=(3.6 * len(lags), 2.8 * len(tasks)), squeeze=False, sharey="row")
     curves = run_curves(final, runs, grid, None)
     for r, task in enumerate(tasks):
         for c, lag in enumerate(lags):
@@ -526,10 +583,10 @@ def delta_of(final: pd.DataFrame, label: str) -> float:
     return VACO_DEFAULTS["tv_threshold"] if label.startswith("vaco") else float("nan")
 
 
-
 def _suptitle(fig, text):
     """A figure title wrapped to the figure's width (narrow figures would clip it)."""
     fig.suptitle(textwrap.fill(text, width=max(30, int(13 * fig.get_figwidth()))), fontsize=10)
+
 
 def plot_tv(final: pd.DataFrame, labels, lags, colors, path, title):
     """Final TV (after the update) and backward TV (before it) vs lag: mean over runs ± 95% normal CI."""
@@ -572,7 +629,7 @@ def ablation_families(labels) -> dict[str, list[str]]:
     for lab in labels:
         if not is_ablation(lab) or "[" in lab:
             continue
-        parts = lab[len("vaco-"):].split("-")
+        parts = lab[len("vaco-") :].split("-")
         if all(p in ("nofilter", "norealign") for p in parts):
             fam["components"].append(lab)
         elif len(parts) == 1 and parts[0].startswith("delta"):
@@ -614,8 +671,15 @@ def plot_ablation(final, agg, family, variants, lags, path):
         d = agg[(agg["algo"] == lab) & (agg["metric"] == "iqm")].set_index("lag").reindex(lags)
         axes[0].plot(x, d["estimate"], "o" + style, color=colors[lab], label=names.get(lab, lab), ms=4)
         axes[0].fill_between(x, d["ci_low"], d["ci_high"], color=colors[lab], alpha=0.12, lw=0)
-        axes[0].errorbar(x, d["estimate"], yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
-                         fmt="none", ecolor=colors[lab], alpha=0.6, capsize=2)
+        axes[0].errorbar(
+            x,
+            d["estimate"],
+            yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
+            fmt="none",
+            ecolor=colors[lab],
+            alpha=0.6,
+            capsize=2,
+        )
         if "final_tv" in final:
             stats = [_mean_ci(final[(final["algo"] == lab) & (final["lag"] == k)]["final_tv"]) for k in lags]
             m, h = np.array(stats).T
@@ -637,8 +701,20 @@ def plot_ablation(final, agg, family, variants, lags, path):
 
 # ----------------------------------------------------------------------------------------------- driver
 
-def aggregate(roots, out, reference=DEFAULT_REFERENCE, normalization="reference", reps=5000, curve_reps=500,
-              curve_points=50, seed=0, include_unfinished=False, plots=True, log=print) -> dict:
+
+def aggregate(
+    roots,
+    out,
+    reference=DEFAULT_REFERENCE,
+    normalization="reference",
+    reps=5000,
+    curve_reps=500,
+    curve_points=50,
+    seed=0,
+    include_unfinished=False,
+    plots=True,
+    log=print,
+) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -651,9 +727,11 @@ def aggregate(roots, out, reference=DEFAULT_REFERENCE, normalization="reference"
         ref = load_reference(reference)
         missing = sorted(set(final["task"]) - set(ref.index))
         if missing:
-            raise SystemExit(f"error: no reference scores for {missing} in {reference}; add them with "
-                             f"`tools/aggregate.py --measure-random {' '.join(missing)} --write` or use "
-                             "--normalization none")
+            raise SystemExit(
+                f"error: no reference scores for {missing} in {reference}; add them with "
+                f"`tools/aggregate.py --measure-random {' '.join(missing)} --write` or use "
+                "--normalization none"
+            )
     else:
         log("note: --normalization none: aggregate metrics are over raw returns (only meaningful for one task)")
     final["normalized_score"] = normalise(final["final_return"], final["task"], ref)
@@ -665,8 +743,22 @@ def aggregate(roots, out, reference=DEFAULT_REFERENCE, normalization="reference"
     agg = aggregate_table(final, reps, seed, log)
     curve_df = curve_table(final, curves, grid, curve_reps, seed)
     per_task = per_task_table(final)
-    front = ["algo", "task", "lag", "lag_mode", "seed", "final_return", "normalized_score", "final_tv",
-             "backward_tv", "auc", "eval_return", "last_step", "n_returns", "finished"]
+    front = [
+        "algo",
+        "task",
+        "lag",
+        "lag_mode",
+        "seed",
+        "final_return",
+        "normalized_score",
+        "final_tv",
+        "backward_tv",
+        "auc",
+        "eval_return",
+        "last_step",
+        "n_returns",
+        "finished",
+    ]
     final = final[[c for c in front if c in final] + [c for c in final if c not in front]]
     final.to_csv(out / "final.csv", index=False)
     runs.to_csv(out / "runs.csv", index=False)
@@ -681,16 +773,30 @@ def aggregate(roots, out, reference=DEFAULT_REFERENCE, normalization="reference"
         lags = sorted(final["lag"].unique())
         colors = colors_for(labels)
         yl = "normalised score" if ref is not None else "return"
-        plot_metric_vs_lag(agg, main, lags, colors, METRICS, out / "aggregate_vs_lag.png",
-                           f"Normalised final score vs lag ({len(set(final['task']))} tasks; 95% stratified-bootstrap"
-                           f" CIs, {reps} reps)", yl)
+        plot_metric_vs_lag(
+            agg,
+            main,
+            lags,
+            colors,
+            METRICS,
+            out / "aggregate_vs_lag.png",
+            f"Normalised final score vs lag ({len(set(final['task']))} tasks; 95% stratified-bootstrap" f" CIs, {reps} reps)",
+            yl,
+        )
         plot_intervals(agg, main, lags, colors, out / "aggregate_intervals.png")
-        plot_iqm_curves(curve_df, main, lags, colors, out / "iqm_curves.png",
-                        "IQM normalised training return (95% stratified-bootstrap CIs)")
+        plot_iqm_curves(
+            curve_df,
+            main,
+            lags,
+            colors,
+            out / "iqm_curves.png",
+            "IQM normalised training return (95% stratified-bootstrap CIs)",
+        )
         plot_task_curves(final, runs, main, lags, colors, grid, out / "task_curves.png")
         written += ["aggregate_vs_lag.png", "aggregate_intervals.png", "iqm_curves.png", "task_curves.png"]
-        if plot_tv(final, main, lags, colors, out / "final_tv.png",
-                   "Divergence from the behaviour policy (dashed: VACO's δ/2)"):
+        if plot_tv(
+            final, main, lags, colors, out / "final_tv.png", "Divergence from the behaviour policy (dashed: VACO's δ/2)"
+        ):
             written.append("final_tv.png")
         for family, variants in ablation_families(labels).items():
             plot_ablation(final, agg, family, variants, lags, out / f"ablation_{family}.png")
@@ -723,10 +829,16 @@ def measure_random(env_ids, episodes=20, seed=0) -> pd.DataFrame:
                 done = terminated or truncated
             returns.append(total)
         env.close()
-        rows.append({"env_id": env_id, "random_return": round(float(np.mean(returns)), 3),
-                     "random_std": round(float(np.std(returns)), 3), "random_episodes": episodes, "seed": seed})
-        print(f"{env_id:28s} random return {np.mean(returns):10.2f} ± {np.std(returns):.2f} ({episodes} episodes)",
-              flush=True)
+        rows.append(
+            {
+                "env_id": env_id,
+                "random_return": round(float(np.mean(returns)), 3),
+                "random_std": round(float(np.std(returns)), 3),
+                "random_episodes": episodes,
+                "seed": seed,
+            }
+        )
+        print(f"{env_id:28s} random return {np.mean(returns):10.2f} ± {np.std(returns):.2f} ({episodes} episodes)", flush=True)
     return pd.DataFrame(rows)
 
 
@@ -736,8 +848,9 @@ def write_reference(measured: pd.DataFrame, path) -> pd.DataFrame:
     table = table[~table["env_id"].isin(measured["env_id"])]
     new = measured.copy()
     new["reference_return"] = [CLEANRL_PPO_8M.get(e.rsplit("-", 1)[0], np.nan) for e in new["env_id"]]
-    new["reference_source"] = ["cleanrl ppo_continuous_action_8M v4" if np.isfinite(v) else "" for v in
-                               new["reference_return"]]
+    new["reference_source"] = [
+        "cleanrl ppo_continuous_action_8M v4" if np.isfinite(v) else "" for v in new["reference_return"]
+    ]
     table = pd.concat([table, new], ignore_index=True) if len(table) else new
     table = table.sort_values("env_id").reset_index(drop=True)
     cols = ["env_id", "random_return", "random_std", "random_episodes", "seed", "reference_return", "reference_source"]
@@ -750,8 +863,11 @@ def write_reference(measured: pd.DataFrame, path) -> pd.DataFrame:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for definitions.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring for definitions.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("roots", nargs="*", help="folders containing run folders (searched recursively for args.json)")
     p.add_argument("--out", default="results", help="output folder for CSVs and PNGs")
     p.add_argument("--reference", default=str(DEFAULT_REFERENCE), help="reference table (CSV)")
@@ -762,8 +878,13 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="bootstrap random state")
     p.add_argument("--include-unfinished", action="store_true", help="also use runs without summary.json")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--measure-random", nargs="*", metavar="ENV", default=None,
-                   help="measure random-policy returns instead (no ENV: every env of the reference table)")
+    p.add_argument(
+        "--measure-random",
+        nargs="*",
+        metavar="ENV",
+        default=None,
+        help="measure random-policy returns instead (no ENV: every env of the reference table)",
+    )
     p.add_argument("--episodes", type=int, default=20, help="episodes per env for --measure-random")
     p.add_argument("--write", action="store_true", help="with --measure-random: update --reference with the results")
     opts = p.parse_args(argv)
@@ -777,8 +898,18 @@ def main(argv=None):
         return 0
     if not opts.roots:
         p.error("give at least one folder of runs (or --measure-random)")
-    aggregate(opts.roots, opts.out, opts.reference, opts.normalization, opts.reps, opts.curve_reps,
-              opts.curve_points, opts.seed, opts.include_unfinished, not opts.no_plots)
+    aggregate(
+        opts.roots,
+        opts.out,
+        opts.reference,
+        opts.normalization,
+        opts.reps,
+        opts.curve_reps,
+        opts.curve_points,
+        opts.seed,
+        opts.include_unfinished,
+        not opts.no_plots,
+    )
     return 0
 
 

@@ -74,10 +74,26 @@ def physics_limit_sps(env_id, num_envs, steps, threads):
 
 def training(script, env_id, backend, num_envs, num_steps, iterations, lag):
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--env-backend", backend,
-               "--num-envs", str(num_envs), "--num-steps", str(num_steps), "--lag", str(lag),
-               "--total-timesteps", str(num_envs * num_steps * iterations), "--eval-episodes", "0",
-               "--run-dir", run_dir]
+        cmd = [
+            sys.executable,
+            str(ROOT / f"{script}.py"),
+            "--env-id",
+            env_id,
+            "--env-backend",
+            backend,
+            "--num-envs",
+            str(num_envs),
+            "--num-steps",
+            str(num_steps),
+            "--lag",
+            str(lag),
+            "--total-timesteps",
+            str(num_envs * num_steps * iterations),
+            "--eval-episodes",
+            "0",
+            "--run-dir",
+            run_dir,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode:
@@ -115,7 +131,7 @@ def main():
             rows.append((f"train {script} lag {lag} ({args.backend})", sps, split, ratio))
 
     print(f"\n{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores")
-    print(f"| what | env-steps/s | of physics limit | time split | vs PPO |\n|---|---:|---:|---|---|")
+    print("| what | env-steps/s | of physics limit | time split | vs PPO |\n|---|---:|---:|---|---|")
     for name, sps, split, ratio in rows:
         print(f"| {name} | {sps:,.0f} | {sps / limit:.2f} | {split} | {ratio} |")
 

@@ -64,8 +64,10 @@ def main():
 
     print()
     print(f"tiny offline setup, {options.steps} optimizer steps per run, seeds {options.seeds}, lr {options.learning_rate}")
-    print("| loss | K | clip or filter fraction, mean over steps | same, at step k = K | minibatches over budget "
-          "| filter fraction when over budget | D before step, mean | final TV, mean | reward, last quarter |")
+    print(
+        "| loss | K | clip or filter fraction, mean over steps | same, at step k = K | minibatches over budget "
+        "| filter fraction when over budget | D before step, mean | final TV, mean | reward, last quarter |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

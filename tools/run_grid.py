@@ -84,7 +84,7 @@ def parse_variant(spec: str) -> Variant:
         return Variant(spec, spec)
     if spec.startswith("vaco-"):
         flags = []
-        for part in spec[len("vaco-"):].split("-"):
+        for part in spec[len("vaco-") :].split("-"):
             if part == "nofilter":
                 flags.append("--no-filter")
             elif part == "norealign":
@@ -135,8 +135,18 @@ def build_runs(opts) -> list[Run]:
                     for v in variants:
                         lag_tag = f"lag{lag}" + (f"-{mode}" if mode else "")
                         run_dir = Path(opts.out) / f"{env}__{v.label}__{lag_tag}__s{seed}"
-                        cmd = [opts.python, str(scripts[v.base]),
-                               "--exp-name", v.label, "--env-id", env, "--seed", str(seed), "--lag", str(lag)]
+                        cmd = [
+                            opts.python,
+                            str(scripts[v.base]),
+                            "--exp-name",
+                            v.label,
+                            "--env-id",
+                            env,
+                            "--seed",
+                            str(seed),
+                            "--lag",
+                            str(lag),
+                        ]
                         if mode:
                             cmd += ["--lag-mode", mode]
                         if opts.total_timesteps is not None:
@@ -180,8 +190,10 @@ class Progress:
         if self.durations and todo:
             mean = sum(self.durations) / len(self.durations)
             eta = f" | ETA ~{fmt_time(mean * todo / max(1, workers))}"
-        return (f"[grid] {finished + self.skipped}/{self.total} ({self.done} ok, {self.failed} failed, "
-                f"{self.skipped} skipped) | running {running} | elapsed {fmt_time(time.time() - self.start)}{eta}")
+        return (
+            f"[grid] {finished + self.skipped}/{self.total} ({self.done} ok, {self.failed} failed, "
+            f"{self.skipped} skipped) | running {running} | elapsed {fmt_time(time.time() - self.start)}{eta}"
+        )
 
     def event(self, message: str, running: int, workers: int) -> None:
         if self.live:
@@ -215,8 +227,11 @@ def run_grid(opts) -> int:
             progress.skipped += 1
         else:
             pending.append(r)
-    print(f"[grid] {len(runs)} runs: {progress.skipped} already finished, {len(pending)} to run "
-          f"with {opts.workers} workers; logs in <run dir>/{LOG}", flush=True)
+    print(
+        f"[grid] {len(runs)} runs: {progress.skipped} already finished, {len(pending)} to run "
+        f"with {opts.workers} workers; logs in <run dir>/{LOG}",
+        flush=True,
+    )
 
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     failures: list[tuple[Run, str]] = []
@@ -231,8 +246,7 @@ def run_grid(opts) -> int:
                 log = open(r.run_dir / LOG, "w")
                 log.write("# " + shlex.join(r.cmd) + "\n")
                 log.flush()
-                proc = subprocess.Popen(r.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                proc = subprocess.Popen(r.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running[proc] = (r, time.time(), log)
             time.sleep(opts.poll)
             for proc in list(running):
@@ -277,9 +291,11 @@ def run_grid(opts) -> int:
 
     if progress.live:
         print()
-    print(f"[grid] done in {fmt_time(time.time() - progress.start)}: {progress.done} finished, "
-          f"{progress.skipped} skipped (already finished), {progress.failed} failed"
-          + (f", {len(running)} stopped and {len(pending)} not started (interrupted)" if interrupted else ""))
+    print(
+        f"[grid] done in {fmt_time(time.time() - progress.start)}: {progress.done} finished, "
+        f"{progress.skipped} skipped (already finished), {progress.failed} failed"
+        + (f", {len(running)} stopped and {len(pending)} not started (interrupted)" if interrupted else "")
+    )
     if failures:
         print(f"\n[grid] {len(failures)} FAILED run(s):")
         for r, why in failures:
@@ -303,33 +319,48 @@ def parse_args(argv=None):
     extra = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Flags after `--` are passed to every run. See the module docstring (top of this file) for details.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--algos", nargs="+", default=list(BASE_ALGOS),
-                   help="algorithm labels: ppo vaco spo impala, vaco-* ablations, or 'LABEL=BASE FLAGS...'")
-    p.add_argument("--ablations", action="store_true",
-                   help=f"also run the standard VACO ablation set: {' '.join(ABLATIONS)}")
+    p.add_argument(
+        "--algos",
+        nargs="+",
+        default=list(BASE_ALGOS),
+        help="algorithm labels: ppo vaco spo impala, vaco-* ablations, or 'LABEL=BASE FLAGS...'",
+    )
+    p.add_argument("--ablations", action="store_true", help=f"also run the standard VACO ablation set: {' '.join(ABLATIONS)}")
     p.add_argument("--envs", nargs="+", default=["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5"])
     p.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2, 4, 8])
-    p.add_argument("--lag-modes", nargs="+", choices=["uniform", "fixed"], default=None,
-                   help="pass --lag-mode to the scripts (if not given: not passed, the scripts' default)")
+    p.add_argument(
+        "--lag-modes",
+        nargs="+",
+        choices=["uniform", "fixed"],
+        default=None,
+        help="pass --lag-mode to the scripts (if not given: not passed, the scripts' default)",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--total-timesteps", type=int, default=None, help="passed to every run (if not given: the scripts' own default)")
+    p.add_argument(
+        "--total-timesteps", type=int, default=None, help="passed to every run (if not given: the scripts' own default)"
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel runs (one core each)")
     p.add_argument("--out", default="runs/grid", help="parent folder of the run folders")
     p.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
-    p.add_argument("--shard", type=parse_shard, default=None,
-                   help="run only every N-th run starting at I (I/N), to split a grid across machines")
+    p.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=None,
+        help="run only every N-th run starting at I (I/N), to split a grid across machines",
+    )
     p.add_argument("--timeout", type=float, default=0, help="kill a run after this many seconds (0 = never)")
     p.add_argument("--tail", type=int, default=20, help="log lines shown per failed run")
     p.add_argument("--python", default=sys.executable, help="interpreter for the scripts")
     p.add_argument("--script-dir", default=str(REPO), help="folder holding {algo}_mujoco.py")
-    p.add_argument("--script", action="append", metavar="BASE=PATH",
-                   help="use PATH as the script for BASE (repeatable), e.g. for testing")
+    p.add_argument(
+        "--script", action="append", metavar="BASE=PATH", help="use PATH as the script for BASE (repeatable), e.g. for testing"
+    )
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
     opts.extra = extra
