@@ -1,7 +1,7 @@
 """IMPALA's V-trace (Espeholt et al., 2018) realigned on the fly, under simulated asynchrony: a baseline of VACO.
 
 Paper: Honari et al., "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
-arXiv 2603.01365 (2026). Spec: docs/method.md sections 1-2 and 3.3 of the project's shared notes.
+arXiv 2603.01365 (2026). Spec: docs/method.md §1, §2 and §3.3.
 
 This file is ppo_mujoco.py with IMPALA's learner: before every minibatch step, V-trace with the *current*
 policy and critic is recomputed on the whole batch (so the backward recursion is exact whatever the
@@ -78,7 +78,7 @@ class Args:
     run_dir: Optional[str] = None
     """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
 
-    # Environment and simulated asynchrony (method.md section 2)
+    # Environment and simulated asynchrony (docs/method.md §2)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a MuJoCo task with a continuous action space)"""
     env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
@@ -303,7 +303,7 @@ class RunningMeanStd(nn.Module):
 class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim):
         super().__init__()
-        # The observation statistics belong to the policy (method.md section 2): a stale actor normalises with
+        # The observation statistics belong to the policy (docs/method.md §2): a stale actor normalises with
         # its own snapshot of them, or the lag would not be what it claims to be.
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.critic = nn.Sequential(
@@ -362,21 +362,21 @@ def evaluate(agent, env_id, episodes, seed):
 
 
 def draw_staleness(num_policies, num_envs, mode, rng):
-    """The staleness k (0 = newest) of the buffer entry each actor acts with for one rollout (method.md section 2)."""
+    """The staleness k (0 = newest) of the buffer entry each actor acts with for one rollout (docs/method.md §2)."""
     if mode == "fixed":
         return np.full(num_envs, num_policies - 1)
     return rng.integers(0, num_policies, size=num_envs)
 
 
 def total_variation(logratio):
-    """Sample estimate of TV(pi, beta): 1/2 mean |pi/beta - 1| over actions drawn from beta (method.md section 1)."""
+    """Sample estimate of TV(pi, beta): 1/2 mean |pi/beta - 1| over actions drawn from beta (docs/method.md §1)."""
     return 0.5 * (logratio.exp() - 1.0).abs().mean()
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
     """GAE(lambda) over a (num_steps, num_envs) batch. `next_values[t]` is V(s'_t), the value of the observation
     that followed step t (the true final one where the episode ended). Termination zeroes the bootstrap;
-    any episode end (termination or truncation) cuts the trace (method.md section 3)."""
+    any episode end (termination or truncation) cuts the trace (docs/method.md §3)."""
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
@@ -387,7 +387,7 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
 
 
 def vtrace(rewards, values, next_values, terminations, dones, log_rhos, gamma, gae_lambda, rho_bar, c_bar):
-    """V-trace (method.md section 3.3) for a target policy pi with log_rhos = log pi - log beta: the targets v_t and
+    """V-trace (docs/method.md §3.3) for a target policy pi with log_rhos = log pi - log beta: the targets v_t and
     IMPALA's policy-gradient advantages rho_t (r_t + gamma_t v_{t+1} - V(s_t)). Termination zeroes the bootstrap;
     any episode end cuts the trace, and v_{t+1} is then V(s'_t) of the true final observation."""
     rhos = log_rhos.exp().clamp(max=rho_bar)
@@ -406,7 +406,7 @@ def vtrace(rewards, values, next_values, terminations, dones, log_rhos, gamma, g
 
 
 def policy_loss(newlogprob, advantages):
-    """IMPALA's policy gradient: -mean(A * log pi_theta), the advantages being constants (method.md section 3.3)."""
+    """IMPALA's policy gradient: -mean(A * log pi_theta), the advantages being constants (docs/method.md §3.3)."""
     return -(advantages * newlogprob).mean()
 
 
@@ -550,7 +550,7 @@ if __name__ == "__main__":
             rollout_seconds += time.time() - rollout_start
             update_start = time.time()
 
-            # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (method.md section 3).
+            # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
             with torch.no_grad():
                 values = agent.get_value(obs)
                 next_values = agent.get_value(next_obs_buf)

@@ -2,7 +2,7 @@
 
 Reference implementation of the LLM experiment of "Align and Filter: Improving Performance in
 Asynchronous On-Policy RL" (Honari, Creus Castanyer, Przystupa, Noukhovitch, Castro, Berseth;
-arXiv 2603.01365, 2026). The specification is method.md, section 4.
+arXiv 2603.01365, 2026). The specification is docs/method.md §4.
 
 A causal LM answers grade-school maths questions; the reward is 1 when the number after the first
 `####` of the completion equals the reference answer. Advantages are GRPO's (G completions per
@@ -11,7 +11,7 @@ prompt, group-normalised rewards, the same advantage on every token of a complet
 - forward lag: one generation batch of K x 32 prompts is split into K optimizer steps
   (`--forward-lag K`), so step k trains on data that is k-1 updates old;
 - backward lag: `--lag L` keeps the L+1 most recent policies and generates each batch with one
-  drawn from them (method.md section 2).
+  drawn from them (docs/method.md §2).
 
 Behaviour log-probs log beta are computed once per generation batch, by a teacher-forced pass with
 the generating weights at the sampling temperature, and stay frozen. Per-token ratio
@@ -27,7 +27,7 @@ minibatch weighs the same, whatever the length of its completion and however the
 into micro-batches for gradient accumulation. With several micro-batches, VACO first scores the
 minibatch in a no-grad pass so that every micro-batch applies the mask of the minibatch's D.
 
-Choices of ours (method.md leaves them open): default model Qwen/Qwen2.5-0.5B-Instruct; prompt
+Choices of ours (docs/method.md leaves them open): default model Qwen/Qwen2.5-0.5B-Instruct; prompt
 wording; 400 new tokens at most; sampling at temperature 1 from the full distribution (no top-k /
 top-p, so beta is exactly the softmax the tokens were drawn from); Adam with a constant learning
 rate and gradient-norm clipping at 1.0; std with Bessel's correction and eps 1e-4 as TRL; dropout
@@ -263,7 +263,7 @@ def is_correct(completion: str, reference: float) -> bool:
 
 
 def compute_reward(completion: str, reference: float) -> float:
-    """Verifiable reward (method.md section 4). Module level so a test can swap in another reward."""
+    """Verifiable reward (docs/method.md §4). Module level so a test can swap in another reward."""
     return float(is_correct(completion, reference))
 
 
@@ -282,7 +282,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tenso
 
 
 def tv_estimate(log_ratio: torch.Tensor) -> float:
-    """D = 1/2 mean|r - 1| over tokens, the sample estimate of TV(pi_theta, beta) (method.md section 1)."""
+    """D = 1/2 mean|r - 1| over tokens, the sample estimate of TV(pi_theta, beta) (docs/method.md §1)."""
     return 0.5 * (log_ratio.exp() - 1).abs().mean().item()
 
 
@@ -304,7 +304,7 @@ def ppo_clip_loss(
 def vaco_loss(
     logp: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor, over_budget: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token VACO filter loss -M r A, no clipping (method.md sections 3.4 and 4).
+    """Per-token VACO filter loss -M r A, no clipping (docs/method.md §3.4 and §4).
 
     When the minibatch is over budget (D > delta/2), a token keeps its gradient only if its step
     would not increase its TV contribution: M = [A * sign(log pi_theta - log beta) <= 0]. The sign is
@@ -595,7 +595,7 @@ def train(args: Args) -> dict:
     data_rng = np.random.default_rng(args.seed)
     order = collections.deque()
 
-    # Policy buffer (method.md section 2): the lag+1 most recent weights, the current ones included.
+    # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included.
     # With no lag the learner generates itself and no copy is kept.
     policy_buffer = collections.deque([copy.deepcopy(model.state_dict())], maxlen=args.lag + 1) if args.lag else None
     generator = copy.deepcopy(model).eval() if args.lag else model

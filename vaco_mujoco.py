@@ -1,7 +1,7 @@
 """VACO under simulated asynchrony: align advantages once, then filter by total variation.
 
 Paper: Honari et al., "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
-arXiv 2603.01365 (2026). Spec: docs/method.md sections 1-2 and 3.4 of the project's shared notes.
+arXiv 2603.01365 (2026). Spec: docs/method.md §1, §2 and §3.4.
 
 VACO's two changes to ppo_mujoco.py (the diff between the two files shows only them):
 - Align: once per iteration, V-trace with target pi_T (the learner's policy before the update) and the
@@ -80,7 +80,7 @@ class Args:
     run_dir: Optional[str] = None
     """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
 
-    # Environment and simulated asynchrony (method.md section 2)
+    # Environment and simulated asynchrony (docs/method.md §2)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a MuJoCo task with a continuous action space)"""
     env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
@@ -311,7 +311,7 @@ class RunningMeanStd(nn.Module):
 class Agent(nn.Module):
     def __init__(self, obs_dim, act_dim):
         super().__init__()
-        # The observation statistics belong to the policy (method.md section 2): a stale actor normalises with
+        # The observation statistics belong to the policy (docs/method.md §2): a stale actor normalises with
         # its own snapshot of them, or the lag would not be what it claims to be.
         self.obs_rms = RunningMeanStd((obs_dim,))
         self.critic = nn.Sequential(
@@ -370,21 +370,21 @@ def evaluate(agent, env_id, episodes, seed):
 
 
 def draw_staleness(num_policies, num_envs, mode, rng):
-    """The staleness k (0 = newest) of the buffer entry each actor acts with for one rollout (method.md section 2)."""
+    """The staleness k (0 = newest) of the buffer entry each actor acts with for one rollout (docs/method.md §2)."""
     if mode == "fixed":
         return np.full(num_envs, num_policies - 1)
     return rng.integers(0, num_policies, size=num_envs)
 
 
 def total_variation(logratio):
-    """Sample estimate of TV(pi, beta): 1/2 mean |pi/beta - 1| over actions drawn from beta (method.md section 1)."""
+    """Sample estimate of TV(pi, beta): 1/2 mean |pi/beta - 1| over actions drawn from beta (docs/method.md §1)."""
     return 0.5 * (logratio.exp() - 1.0).abs().mean()
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
     """GAE(lambda) over a (num_steps, num_envs) batch. `next_values[t]` is V(s'_t), the value of the observation
     that followed step t (the true final one where the episode ended). Termination zeroes the bootstrap;
-    any episode end (termination or truncation) cuts the trace (method.md section 3)."""
+    any episode end (termination or truncation) cuts the trace (docs/method.md §3)."""
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
@@ -395,7 +395,7 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
 
 
 def vtrace(rewards, values, next_values, terminations, dones, log_rhos, gamma, gae_lambda, rho_bar, c_bar):
-    """VACO's realignment (method.md section 3.4): V-trace targets v_t for a target policy pi with
+    """VACO's realignment (docs/method.md §3.4): V-trace targets v_t for a target policy pi with
     log_rhos = log pi - log beta, and the advantages r_t + gamma_t (lambda v_{t+1} + (1 - lambda) V(s_{t+1})) - V(s_t).
     Episode ends are handled as in compute_gae; with all ratios 1 both outputs equal GAE's."""
     rhos = log_rhos.exp().clamp(max=rho_bar)
@@ -414,7 +414,7 @@ def vtrace(rewards, values, next_values, terminations, dones, log_rhos, gamma, g
 
 
 def policy_loss(logratio, advantages, tv_threshold, use_filter=True):
-    """VACO's filtered surrogate (method.md section 3.4): -mean(M * r * A) with r = pi_theta/beta. Over budget
+    """VACO's filtered surrogate (docs/method.md §3.4): -mean(M * r * A) with r = pi_theta/beta. Over budget
     (D > delta/2), a sample keeps its gradient only if A * sign(log pi_theta - log beta) <= 0, i.e. if its step
     does not increase |r - 1|; the sign is taken in log space, where it survives underflow of pi or beta.
     Returns the loss, D and the mask."""
@@ -565,7 +565,7 @@ if __name__ == "__main__":
             rollout_seconds += time.time() - rollout_start
             update_start = time.time()
 
-            # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (method.md section 3).
+            # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
             with torch.no_grad():
                 values = agent.get_value(obs)
                 next_values = agent.get_value(next_obs_buf)

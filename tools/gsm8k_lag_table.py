@@ -1,6 +1,6 @@
 """Clip fraction (PPO-clip) and filter fraction (VACO) against the forward lag, on the tiny offline setup.
 
-The shape to compare with the paper's Figure 5 (method.md section 4): PPO-clip clips more as the
+The shape to compare with the paper's Figure 5 (docs/method.md §4): PPO-clip clips more as the
 forward lag K grows; VACO filters rarely, but a large part of the minibatch when it does.
 
 The setup is a random 2-layer Llama (hidden 64) with a character-level tokenizer
