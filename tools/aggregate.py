@@ -87,7 +87,6 @@ WINDOW_DEF = "averaging window: logged steps > 0.9 x final step"
 RECORD_FORMAT = "vaco-run-record/1"
 RECORD_TAGS = {
     "charts/episodic_return": "episodic_return",
-    "charts/SPS": "sps",
     "lag/staleness_mean": "staleness_mean",
     "lag/backward_tv": "backward_tv",
     "lag/final_tv": "final_tv",
@@ -285,7 +284,9 @@ def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
                 log(f"warning: cannot read {f}: {e}")
         if src.is_dir():
             for legacy in sorted({p.parent for p in src.rglob("final.csv") if (p.parent / "runs.csv").exists()}):
-                records += records_from_legacy(legacy)
+                head = pd.read_csv(legacy / "final.csv", comment="#", nrows=0).columns
+                if {"run_dir", "exp_name", "last_step", "finished"} <= set(head):  # this tool's own output is not a source
+                    records += records_from_legacy(legacy)
             for run_dir in sorted({p.parent for p in src.rglob("args.json")}):
                 try:
                     records.append(record_from_run_dir(run_dir))
@@ -329,6 +330,7 @@ def record_frames(rec: dict) -> tuple[dict, pd.DataFrame]:
             row[col] = window_mean(steps, tidy[col].to_numpy(float), last_step)
     evals = [v for v in rec.get("eval_returns") or [] if v is not None]
     row["eval_return"] = float(np.mean(evals)) if evals else float(summary.get("eval_return") or np.nan)
+    row["sps"] = float(summary.get("sps") or np.nan)
     row["finished"] = rec["finished"]
     for key in ("total_timesteps", "num_envs", "num_steps", "tv_threshold", "rho_bar"):
         if key in rec["args"]:
@@ -704,6 +706,12 @@ def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, nor
     for r in table.itertuples():
         holds = "n/a" if r.holds is None else ("yes" if r.holds else "no")
         lines.append(f"| {r.kind} | {r.criterion} | {r.value} | {holds} |")
+    if len(n) and n.min() < 10:
+        lines += [
+            "",
+            f"Note: {n.min()} runs in the smallest cell; percentile-bootstrap intervals are too narrow with few seeds",
+        ]
+        lines[-1] += " (about 80% coverage for a nominal 95% at 3 runs per task): read them as indicative only."
     return "\n".join(lines) + "\n"
 
 
@@ -728,8 +736,13 @@ def order_labels(labels):
     return sorted(labels, key=lambda s: (MAIN_ALGOS.index(s.split("[")[0]) if s.split("[")[0] in MAIN_ALGOS else 99, s))
 
 
+_FIGURE_LABEL = {"text": ""}  # set by aggregate(label=...): prefixed to every figure title
+
+
 def _suptitle(fig, text):
-    """A figure title wrapped to the figure's width (narrow figures would clip it)."""
+    """A figure title wrapped to the figure's width (narrow figures would clip it), after the aggregation's label."""
+    if _FIGURE_LABEL["text"]:
+        text = f"{_FIGURE_LABEL['text']}: {text}"
     fig.suptitle(textwrap.fill(text, width=max(40, int(14 * fig.get_figwidth()))), fontsize=9)
 
 
@@ -774,10 +787,11 @@ def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
         for j, label in enumerate(labels):
             d = agg[(agg.algo == label) & (agg.metric == metric)].set_index("lag").reindex(lags)
             x = np.arange(len(lags)) + (j - (len(labels) - 1) / 2) * 0.06
+            est, lo, hi = (d[c].to_numpy(float) for c in ("estimate", "ci_low", "ci_high"))
             ax.errorbar(
                 x,
-                d["estimate"],
-                yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
+                est,
+                yerr=[est - lo, hi - est],
                 fmt="o-",
                 color=colors[label],
                 label=label,
@@ -801,7 +815,7 @@ def plot_forest(table, colors, path, title, xlabel):
     import matplotlib.pyplot as plt
 
     rows = list(table.itertuples())
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 2.0))
     for i, r in enumerate(rows):
         y = len(rows) - 1 - i
         c = colors.get(r.algo, "k")
@@ -828,7 +842,7 @@ def plot_intervals(agg, labels, lags, colors, path, title):
     """IQM per lag: one bar (95% interval) and a tick (estimate) per algorithm."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(lags), figsize=(3.4 * len(lags), 0.4 * len(labels) + 1.6), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(lags), figsize=(3.4 * len(lags), 0.4 * len(labels) + 2.2), squeeze=False, sharey=True)
     for ax, lag in zip(axes[0], lags):
         for i, label in enumerate(labels):
             d = agg[(agg.algo == label) & (agg.metric == "iqm") & (agg.lag == lag)]
@@ -923,8 +937,8 @@ def plot_tv(per_task, labels, lags, colors, delta, path, title):
                 x = np.arange(len(lags)) + (j - (len(group) - 1) / 2) * 0.06
                 ax.errorbar(
                     x,
-                    d.final_tv_mean,
-                    yerr=d.final_tv_ci95.fillna(0),
+                    d.final_tv_mean.to_numpy(float),
+                    yerr=d.final_tv_ci95.fillna(0).to_numpy(float),
                     fmt="o-",
                     color=colors[label],
                     label=label,
@@ -970,8 +984,12 @@ def aggregate(
     include_unfinished=False,
     plots=True,
     log=print,
+    label="",
 ) -> dict:
+    """Read the sources, write every table, figure and verdict.md into `out`; `label` (e.g. "SMOKE TEST, 40k
+    steps") heads every figure title and verdict.md."""
     out = Path(out)
+    _FIGURE_LABEL["text"] = label
     records = collect_records(sources, include_unfinished, log)
     final, runs = build_tables(records, log)
     ref = None
@@ -1026,6 +1044,8 @@ def aggregate(
         [f"IQM of the normalised training return at logged steps ({norm}); {curve_reps} resamples"],
     )
     md = verdict_markdown(table, verdict, final, norm)
+    if label:
+        md = f"**{label}**\n\n{md}"
     (out / "verdict.md").write_text(md)
     written = [
         "final.csv",
@@ -1204,6 +1224,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     p.add_argument("--include-unfinished", action="store_true", help="also use runs without a (complete) summary.json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--label", default="", help='heads every figure title and verdict.md, e.g. "SMOKE TEST (40k steps)"')
     p.add_argument(
         "--measure-random",
         nargs="*",
@@ -1239,6 +1260,7 @@ def main(argv=None):
         opts.seed,
         opts.include_unfinished,
         not opts.no_plots,
+        label=opts.label,
     )
     if opts.export_records:
         export_records(res["records"], opts.export_records)
