@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -188,6 +189,8 @@ p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--spawn", action="store_true", help="start a grandchild process that outlives a plain kill")
 args, unknown = p.parse_known_args()
 args.lag_mode = args.lag_mode or "uniform"
+if os.path.isdir(args.run_dir) and os.listdir(args.run_dir):  # as the training scripts do
+    sys.exit(f"error: run folder {args.run_dir} is not empty")
 os.makedirs(args.run_dir, exist_ok=True)
 record = dict(vars(args), argv=sys.argv[1:], omp=os.environ.get("OMP_NUM_THREADS"))
 json.dump(record, open(os.path.join(args.run_dir, "args.json"), "w"))
@@ -202,7 +205,8 @@ signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
 pids = [os.getpid()]
 if args.spawn:
-    pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]).pid)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(120)"
+    pids.append(subprocess.Popen([sys.executable, "-c", code]).pid)  # deaf to SIGTERM/SIGINT: only a kill stops it
 json.dump(pids, open(os.path.join(args.run_dir, "pids.json"), "w"))
 time.sleep(args.sleep)
 # TensorBoard's own event writer (what torch's SummaryWriter wraps), to spare each run the torch import
@@ -266,6 +270,7 @@ def test_run_grid_records_and_resume(tmp_path):
     assert rec["omp"] == "1" and rec["torch_threads"] == 1 and rec["filter"] is False
     assert rec["exp_name"] == "vaco-nofilter" and rec["run_dir"] == str(out / "Hopper-v5__vaco-nofilter__lag2__s2")
     assert rec["argv"][-2:] == ["--num-envs", "3"]
+    assert (out / "Hopper-v5__ppo__lag2__s1.log").read_text().count("fake training") == 1
     spans = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert any(a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)), "no overlap"
 
@@ -336,12 +341,16 @@ def test_run_grid_signal_leaves_no_process(tmp_path, sig):
     assert proc.returncode == 128 + sig, stdout
     assert f"{signal.Signals(sig).name}: stopped 2 running run(s)" in stdout and "1 not started" in stdout
     time.sleep(0.2)
+    alive = []
     for pid in pids:  # neither the training processes nor what they started are alive (zombies count as dead)
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
             continue
-        assert state in ("Z", "X"), f"process {pid} still alive (state {state})"
+        if state not in ("Z", "X"):
+            alive.append(pid)
+            os.kill(pid, signal.SIGKILL)  # this test's own leftovers
+    assert not alive, f"processes left alive: {alive}"
     # the runs saw the signal (their summaries say interrupted), so none counts as finished
     summaries = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert len(summaries) == 2 and all(s == {"interrupted": True} for s in summaries)

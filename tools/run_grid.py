@@ -8,8 +8,8 @@
         --records results/records/mygrid -- --num-envs 8 --num-steps 256    # flags after `--` go to every run
 
 Each run gets a deterministic folder `{out}/{env}__{label}__lag{K}__s{seed}` (plus `-{mode}` after the lag
-when `--lag-modes` is given), passed to the script with `--run-dir`; its stdout and stderr go to
-`{run dir}/train.log`. A run is finished when its summary.json exists and is not marked `interrupted`.
+when `--lag-modes` is given), passed to the script with `--run-dir` (the script creates it: the
+scripts refuse a non-empty run folder); its stdout and stderr go to `{out}/{run folder name}.log`. A run is finished when its summary.json exists and is not marked `interrupted`.
 
 Records and resuming. With `--records DIR` every run that finishes is written at once as a compact record,
 `DIR/{run folder name}.json.gz` (per-iteration scalars, summary, arguments: a few KB; format in
@@ -90,7 +90,6 @@ TIERS = {
 }
 TIER_TIMESTEPS = 500_000
 TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", "--lag-mode", "uniform"]
-LOG = "train.log"
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -154,6 +153,11 @@ class Run:
     run_dir: Path
     cmd: list[str]
     record: Path | None = None  # where its record goes (None: no records)
+
+    @property
+    def log(self) -> Path:
+        """stdout and stderr of the run, next to (not in) its folder, which the script must find empty."""
+        return self.run_dir.parent / f"{self.run_dir.name}.log"
 
 
 def lag_order(lags) -> list[int]:
@@ -372,7 +376,7 @@ def run_grid(opts) -> int:
     print(
         f"[grid] {len(runs)} runs: {progress.skipped} already finished, {len(pending)} to run"
         + (f" ({held_back} more left for later calls by --max-runs)" if held_back else "")
-        + f" with {opts.workers} workers; logs in <run dir>/{LOG}"
+        + f" with {opts.workers} workers; logs in <out>/<run name>.log"
         + (f"; {len(late_records)} record(s) written for finished run folders" if late_records else ""),
         flush=True,
     )
@@ -393,8 +397,8 @@ def run_grid(opts) -> int:
                 r = pending.pop(0)
                 if r.run_dir.exists():  # an earlier attempt that did not finish: start clean
                     shutil.rmtree(r.run_dir)
-                r.run_dir.mkdir(parents=True)
-                log = open(r.run_dir / LOG, "w")
+                r.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                log = open(r.log, "w")
                 log.write("# " + shlex.join(r.cmd) + "\n")
                 log.flush()
                 proc = subprocess.Popen(r.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -406,7 +410,7 @@ def run_grid(opts) -> int:
                 if rc is None and opts.timeout and time.time() - t0 > opts.timeout:
                     _kill_group(proc)
                     rc = proc.wait()
-                    with open(r.run_dir / LOG, "a") as f:
+                    with open(r.log, "a") as f:
                         f.write(f"\n[run_grid] killed after the --timeout of {opts.timeout} s\n")
                 if rc is None:
                     continue
@@ -459,8 +463,8 @@ def run_grid(opts) -> int:
     if failures:
         print(f"\n[grid] {len(failures)} FAILED run(s):")
         for r, why in failures:
-            print(f"\n--- {r.run_dir} ({why}); last {opts.tail} lines of {r.run_dir / LOG}:")
-            print(tail(r.run_dir / LOG, opts.tail))
+            print(f"\n--- {r.run_dir} ({why}); last {opts.tail} lines of {r.log}:")
+            print(tail(r.log, opts.tail))
             print(f"--- rerun: OMP_NUM_THREADS=1 {shlex.join(r.cmd)}")
     if stopped_by:
         return 128 + stopped_by
