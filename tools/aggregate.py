@@ -692,6 +692,60 @@ def verdict_table(final, agg, deg, per_task, lo=LAG_LO, hi=LAG_HI) -> tuple[pd.D
     return table, verdict
 
 
+def _ci(r) -> str:
+    return f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+
+
+def results_markdown(agg, deg, abl, per_task) -> str:
+    """The tables a reading of the grid needs: IQM per lag, the degradation differences, the ablations, final TV."""
+    lines = []
+    if len(agg):
+        iq = agg[agg.metric == "iqm"]
+        lags = sorted(iq.lag.unique())
+        lines += ["IQM of the normalised final score, 95% stratified-bootstrap interval (runs per task in brackets):", ""]
+        lines += ["| algorithm | " + " | ".join(f"lag {k}" for k in lags) + " |", "|---|" + "---|" * len(lags)]
+        for algo in order_labels(iq.algo.unique()):
+            cells = []
+            for k in lags:
+                r = iq[(iq.algo == algo) & (iq.lag == k)]
+                cells.append(f"{_ci(r.iloc[0])} ({r.iloc[0].runs_per_task})" if len(r) else "")
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        lines.append("")
+    dd = deg[deg.measure == "degradation_difference"] if len(deg) else deg
+    if len(dd):
+        lines += [
+            f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}):",
+            "",
+        ]
+        tasks = [t for t in dd.task.unique() if t != "pooled"] + ["pooled"]
+        lines += ["| algorithm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for algo in order_labels(dd.algo.unique()):
+            d = dd[dd.algo == algo].set_index("task")
+            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+        lines.append("")
+    if len(abl):
+        lines += [f"Ablations at lag {LAG_HI}, ablation − VACO:", ""]
+        tasks = [t for t in abl.task.unique() if t != "pooled"] + ["pooled"]
+        lines += ["| ablation | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for algo in sorted(abl.algo.unique()):
+            d = abl[abl.algo == algo].set_index("task")
+            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+        lines.append("")
+    if "final_tv_mean" in per_task and per_task.final_tv_mean.notna().any():
+        lines += ["Final TV (mean over the last 10% of steps), mean ± 95% t half-width over runs:", ""]
+        lags = sorted(per_task.lag.unique())
+        lines += ["| algorithm | task | " + " | ".join(f"lag {k}" for k in lags) + " |", "|---|---|" + "---|" * len(lags)]
+        for algo in order_labels(per_task.algo.unique()):
+            for task in sorted(per_task.task.unique()):
+                d = per_task[(per_task.algo == algo) & (per_task.task == task)].set_index("lag")
+                if d.empty:
+                    continue
+                cells = [f"{d.loc[k].final_tv_mean:.3f} ± {d.loc[k].final_tv_ci95:.3f}" if k in d.index else "" for k in lags]
+                lines.append(f"| {algo} | {task} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, norm=NORM_DEF) -> str:
     n = final.groupby(["algo", "task", "lag"]).size()
     lines = [
@@ -1043,7 +1097,7 @@ def aggregate(
         out / "iqm_curves.csv",
         [f"IQM of the normalised training return at logged steps ({norm}); {curve_reps} resamples"],
     )
-    md = verdict_markdown(table, verdict, final, norm)
+    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task)
     if label:
         md = f"**{label}**\n\n{md}"
     (out / "verdict.md").write_text(md)
