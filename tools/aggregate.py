@@ -696,13 +696,13 @@ def _ci(r) -> str:
     return f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
 
 
-def results_markdown(agg, deg, abl, per_task) -> str:
+def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
     """The tables a reading of the grid needs: IQM per lag, the degradation differences, the ablations, final TV."""
     lines = []
     if len(agg):
         iq = agg[agg.metric == "iqm"]
         lags = sorted(iq.lag.unique())
-        lines += ["IQM of the normalised final score, 95% stratified-bootstrap interval (runs per task in brackets):", ""]
+        lines += [f"IQM of the final score ({norm}), 95% stratified-bootstrap interval (runs per task in brackets):", ""]
         lines += ["| algorithm | " + " | ".join(f"lag {k}" for k in lags) + " |", "|---|" + "---|" * len(lags)]
         for algo in order_labels(iq.algo.unique()):
             cells = []
@@ -1097,7 +1097,7 @@ def aggregate(
         out / "iqm_curves.csv",
         [f"IQM of the normalised training return at logged steps ({norm}); {curve_reps} resamples"],
     )
-    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task)
+    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task, norm)
     if label:
         md = f"**{label}**\n\n{md}"
     (out / "verdict.md").write_text(md)
