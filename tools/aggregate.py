@@ -810,7 +810,9 @@ def _step_axis(ax):
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(4))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k"))
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda x, _: "0" if x == 0 else f"{x / 1e6:g}M" if abs(x) >= 1e6 else f"{x / 1e3:g}k")
+    )
     ax.set_xlabel("environment steps")
 
 
@@ -966,9 +968,8 @@ def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_li
             ax.grid(alpha=0.3)
             if c == len(lags) - 1:
                 ax.legend(fontsize=6)
-    _suptitle(
-        fig, "Training episodic return per task: mean over seeds ± 1 standard error, at logged steps (dotted: random policy)"
-    )
+    note = " (dotted: random policy)" if ref_lines else ""
+    _suptitle(fig, f"Training episodic return per task: mean over seeds ± 1 standard error, at logged steps{note}")
     _save(fig, path)
 
 
