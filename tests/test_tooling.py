@@ -603,6 +603,8 @@ def test_verdict(synthetic, tmp_path):
         "| supporting | pooled (VACO 8 - VACO 0) - (PPO 8 - PPO 0): 95% interval above 0 | +0.250 ["
         in (out / "verdict.md").read_text()
     )
+    md = (out / "verdict.md").read_text()  # with the tables a reading needs
+    assert "| vaco | +0.200 [" in md and "| vaco-nofilter | -0.100 [" in md and "| vaco | TaskA-v0 | 0.030 ± 0.000 |" in md
     # Flip the grid: VACO loses more than PPO and ends below it -> refuted
     g = tmp_path / "g"
     for f in (root / "g").glob("*.json.gz"):
