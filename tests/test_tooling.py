@@ -388,6 +388,10 @@ def test_tiers():
     assert len(every) == 200 and [r.seed for r in every] == sorted(r.seed for r in every)
     assert [r.run_dir.parent.name for r in every[:24]] == ["tier1"] * 12 + ["tier2"] * 4 + ["tier3"] * 8
     assert len(runs("--tier", "1", "--seeds", "1", "2")) == 24
+    for r in (t1[0], t1[1], t2[0], t3[0], t3[1]):  # the real scripts accept every tier's command line
+        args = script_module(Path(r.cmd[1]).name).parse_args(r.cmd[2:])
+        assert (args.num_envs, args.num_steps, args.eval_episodes, args.lag_mode) == (8, 256, 10, "uniform")
+        assert (args.total_timesteps, args.exp_name, args.lag) == (500_000, r.variant.label, r.lag)
     for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "4"]):
         proc = run_runner(bad + ["--dry-run"])
         assert proc.returncode == 2 and "error:" in proc.stderr, bad

@@ -369,7 +369,10 @@ def run_grid(opts) -> int:
         if why == "finished run folder" and r.record is not None:
             late_records.append(r)  # finished before records were asked for: write its record now
     for r in late_records:
-        write_record(r)
+        try:
+            write_record(r)
+        except Exception as e:  # reported, and the run is left as it is
+            print(f"[grid] warning: no record for {r.run_dir}: {type(e).__name__}: {e}", flush=True)
     held_back = 0
     if opts.max_runs is not None and len(pending) > opts.max_runs:
         held_back, pending = len(pending) - opts.max_runs, pending[: opts.max_runs]
