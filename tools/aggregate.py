@@ -65,6 +65,7 @@ FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
 LAG_LO, LAG_HI = 0, 8  # the primary measure's lags
 TV_TOLERANCE = 0.25  # "near delta/2": within +-25% of delta/2 (pre-registered)
 TV_LAGS = (4, 8)
+PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
 
 # One colour per algorithm label, the same in every figure (matplotlib's tab10 hex codes).
 COLORS = {
@@ -748,6 +749,9 @@ def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
 
 def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, norm=NORM_DEF) -> str:
     n = final.groupby(["algo", "task", "lag"]).size()
+    core = final[final.algo.isin(["ppo", "vaco"])].groupby(["algo", "task", "lag"]).size()
+    if len(core) and core.min() < PREREGISTERED_SEEDS:
+        verdict += f" (provisional: {core.min()} of the {PREREGISTERED_SEEDS} pre-registered seeds in some PPO/VACO cell)"
     lines = [
         f"Verdict against the pre-registered criteria: **{verdict}**",
         "",
