@@ -187,11 +187,14 @@ p.add_argument("--no-filter", dest="filter", action="store_false")
 p.add_argument("--fail", action="store_true")
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--spawn", action="store_true", help="start a grandchild process that outlives a plain kill")
+p.add_argument("--resume", action="store_true")
 args, unknown = p.parse_known_args()
 args.lag_mode = args.lag_mode or "uniform"
-if os.path.isdir(args.run_dir) and os.listdir(args.run_dir):  # as the training scripts do
+if os.path.isdir(args.run_dir) and os.listdir(args.run_dir) and not args.resume:  # as the training scripts do
     sys.exit(f"error: run folder {args.run_dir} is not empty")
 os.makedirs(args.run_dir, exist_ok=True)
+if args.resume:
+    open(os.path.join(args.run_dir, "resumed"), "w").write("yes")
 record = dict(vars(args), argv=sys.argv[1:], omp=os.environ.get("OMP_NUM_THREADS"))
 json.dump(record, open(os.path.join(args.run_dir, "args.json"), "w"))
 print("fake training", args.exp_name, args.seed, flush=True)
@@ -318,6 +321,22 @@ def test_run_grid_writes_records_of_finished_folders_and_max_runs(tmp_path):
     third = run_runner(argv + ["--time-budget", "1s"])  # no run is expected to take longer than 1 s so far: one starts
     assert third.returncode == 0 and "2 skipped" in third.stdout
     assert len(list(records.glob("*.gz"))) == 3
+
+
+def test_run_grid_resume_unfinished(tmp_path):
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1",))
+    run_dir = tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1"
+    assert run_runner(argv + ["--", "--fail"]).returncode == 1 and (run_dir / "args.json").exists()  # left unfinished
+    resumed = run_runner(argv + ["--resume-unfinished"])
+    assert resumed.returncode == 0 and (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+    log = (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
+    assert "--fail" in log and "--resume" in log  # the log of both attempts
+    assert (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").exists()
+    run_runner(argv + ["--", "--fail"])  # record exists: skipped
+    (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").unlink()
+    (run_dir / "summary.json").unlink()
+    again = run_runner(argv)  # without the flag: deleted and started over
+    assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

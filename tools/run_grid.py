@@ -16,7 +16,8 @@ Records and resuming. With `--records DIR` every run that finishes is written at
 results/records/README.md), and a run whose record exists is skipped. Commit the records as chunks finish:
 the same command on a fresh machine then continues from what the repository holds. Without `--records`,
 finished run folders are skipped. A run folder without a finished summary (a crash, an interrupt) is deleted
-and the run started over. `--max-runs N` starts at most N runs; `--time-budget` starts no run that would not
+and the run started over, or with `--resume-unfinished` continued from its last checkpoint (the
+script gets `--resume`). `--max-runs N` starts at most N runs; `--time-budget` starts no run that would not
 finish within the budget (judged by the runs finished so far); both leave the rest for the next call.
 
 Tiers (`--tier`, the evidence grid; every run `--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode
@@ -398,13 +399,16 @@ def run_grid(opts) -> int:
                         budget_stop, pending = len(pending), []
                         break
                 r = pending.pop(0)
-                if r.run_dir.exists():  # an earlier attempt that did not finish: start clean
+                cmd, mode = r.cmd, "w"
+                if r.run_dir.exists() and opts.resume_unfinished:  # continue it from its last checkpoint
+                    cmd, mode = r.cmd + ["--resume"], "a"
+                elif r.run_dir.exists():  # an earlier attempt that did not finish: start clean
                     shutil.rmtree(r.run_dir)
                 r.run_dir.parent.mkdir(parents=True, exist_ok=True)
-                log = open(r.log, "w")
-                log.write("# " + shlex.join(r.cmd) + "\n")
+                log = open(r.log, mode)
+                log.write("# " + shlex.join(cmd) + "\n")
                 log.flush()
-                proc = subprocess.Popen(r.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running[proc] = (r, time.time(), log)
             time.sleep(opts.poll)
             for proc in list(running):
@@ -534,6 +538,11 @@ def parse_args(argv=None):
         type=parse_shard,
         default=None,
         help="run only every N-th run starting at I (I/N), to split a grid across machines",
+    )
+    p.add_argument(
+        "--resume-unfinished",
+        action="store_true",
+        help="continue an unfinished run from its folder (passes --resume to the script) instead of starting it over",
     )
     p.add_argument("--timeout", type=float, default=0, help="kill a run after this many seconds (0 = never)")
     p.add_argument("--grace", type=float, default=60, help="on SIGINT/SIGTERM: seconds to wait for the runs to stop")
