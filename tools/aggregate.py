@@ -264,7 +264,7 @@ def records_from_legacy(folder: Path) -> list[dict]:
         scalars = {c: dict(zip(r["step"].astype(int), r[c])) for c in RECORD_COLUMNS if c in r and r[c].notna().any()}
         scalars = {c: {s: v for s, v in d.items() if pd.notna(v)} for c, d in scalars.items()}
         rec = make_record(Path(row["run_dir"]).name, args, summary if row["finished"] else None, scalars, [], row["algo"])
-        if "summary" in rec and pd.notna(row.get("eval_return")):
+        if rec["finished"] and pd.notna(row.get("eval_return")):
             rec["summary"].setdefault("eval_return", _clean(row["eval_return"]))
         out.append(rec)
     return out
@@ -845,8 +845,8 @@ def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for j, label in enumerate(labels):
-            d = agg[(agg.algo == label) & (agg.metric == metric)].set_index("lag").reindex(lags)
-            x = np.arange(len(lags)) + (j - (len(labels) - 1) / 2) * 0.06
+            d = agg[(agg.algo == label) & (agg.metric == metric)].set_index("lag").sort_index()
+            x = np.array([lags.index(k) for k in d.index]) + (j - (len(labels) - 1) / 2) * 0.06  # its own lags, joined
             est, lo, hi = (d[c].to_numpy(float) for c in ("estimate", "ci_low", "ci_high"))
             ax.errorbar(
                 x,
@@ -992,8 +992,8 @@ def plot_tv(per_task, labels, lags, colors, delta, path, title):
         for c, task in enumerate(tasks):
             ax = axes[r][c]
             for j, label in enumerate(group):
-                d = per_task[(per_task.algo == label) & (per_task.task == task)].set_index("lag").reindex(lags)
-                x = np.arange(len(lags)) + (j - (len(group) - 1) / 2) * 0.06
+                d = per_task[(per_task.algo == label) & (per_task.task == task)].set_index("lag").sort_index()
+                x = np.array([lags.index(k) for k in d.index]) + (j - (len(group) - 1) / 2) * 0.06
                 ax.errorbar(
                     x,
                     d.final_tv_mean.to_numpy(float),
@@ -1124,7 +1124,7 @@ def aggregate(
         labels = order_labels(final["algo"].unique())
         colors = colors_for(labels)
         main = [lab for lab in labels if not is_ablation(lab)] or labels
-        lags = sorted(final["lag"].unique())
+        lags = sorted(int(k) for k in final["lag"].unique())
         n_tasks = final["task"].nunique()
         ylabel = "normalised score" if ref is not None else "return"
         metrics = meaningful_metrics(final, n_tasks)
