@@ -2,8 +2,9 @@
 
     .venv/bin/python -m pytest tests/test_tooling.py -q
 
-The grid runner is exercised on a tiny fake training script written into tmp_path; aggregation on
-synthetic TensorBoard logs with known answers. The sweep test renders each sweep's command lines with
+The grid runner is exercised on a tiny fake training script written into tmp_path (records, resuming,
+chunks, signals); aggregation on synthetic run records with known answers. Nothing here reads or writes the
+checkout's runs/ or results/ (apart from reading the committed reference table). The sweep test renders each sweep's command lines with
 wandb's own agent code (no server) and feeds them to the real scripts' `parse_args` (skipped for a script
 that does not exist yet).
 """
@@ -15,6 +16,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -159,9 +161,9 @@ def test_runner_command_lines_accepted_by_scripts(label, tmp_path):
     if label.startswith("vaco"):
         assert args.filter == ("nofilter" not in label) and args.realign == ("norealign" not in label)
         if "delta" in label:
-            assert math.isclose(args.tv_threshold, aggregate._num_key(label))
+            assert math.isclose(args.tv_threshold, float(label.split("delta")[1]))
         if "rhobar" in label:
-            assert math.isclose(args.rho_bar, aggregate._num_key(label))
+            assert math.isclose(args.rho_bar, float(label.split("rhobar")[1]))
     # aggregate.py labels the run the same way whether it came from the runner (exp_name = label) or from a
     # wandb sweep (exp_name = the script's default, ablation read from the flags)
     parsed = dataclasses.asdict(args)
@@ -172,7 +174,7 @@ def test_runner_command_lines_accepted_by_scripts(label, tmp_path):
 # ------------------------------------------------------------------------------------------ grid runner
 
 FAKE_SCRIPT = r"""
-import argparse, json, os, sys, time
+import argparse, json, os, signal, subprocess, sys, time
 t0 = time.time()
 p = argparse.ArgumentParser()
 for flag in ("exp-name", "env-id", "run-dir", "lag-mode"):
@@ -184,15 +186,31 @@ p.add_argument("--filter", dest="filter", action="store_true", default=True)
 p.add_argument("--no-filter", dest="filter", action="store_false")
 p.add_argument("--fail", action="store_true")
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--spawn", action="store_true", help="start a grandchild process that outlives a plain kill")
+p.add_argument("--resume", action="store_true")
 args, unknown = p.parse_known_args()
 args.lag_mode = args.lag_mode or "uniform"
+if os.path.isdir(args.run_dir) and os.listdir(args.run_dir) and not args.resume:  # as the training scripts do
+    sys.exit(f"error: run folder {args.run_dir} is not empty")
 os.makedirs(args.run_dir, exist_ok=True)
+if args.resume:
+    open(os.path.join(args.run_dir, "resumed"), "w").write("yes")
 record = dict(vars(args), argv=sys.argv[1:], omp=os.environ.get("OMP_NUM_THREADS"))
 json.dump(record, open(os.path.join(args.run_dir, "args.json"), "w"))
 print("fake training", args.exp_name, args.seed, flush=True)
 if args.fail:
     print("Traceback (most recent call last):\nRuntimeError: boom, fake failure", file=sys.stderr)
     sys.exit(3)
+def on_signal(signum, frame):  # like the training scripts: mark the summary as interrupted, exit 128 + signum
+    json.dump({"interrupted": True}, open(os.path.join(args.run_dir, "summary.json"), "w"))
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+pids = [os.getpid()]
+if args.spawn:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(120)"
+    pids.append(subprocess.Popen([sys.executable, "-c", code]).pid)  # deaf to SIGTERM/SIGINT: only a kill stops it
+json.dump(pids, open(os.path.join(args.run_dir, "pids.json"), "w"))
 time.sleep(args.sleep)
 # TensorBoard's own event writer (what torch's SummaryWriter wraps), to spare each run the torch import
 from tensorboard.compat.proto.event_pb2 import Event
@@ -206,6 +224,8 @@ base = 100.0 * args.seed + 10.0 * args.lag + (5.0 if args.exp_name.startswith("v
 for step in range(T // 10, T + 1, T // 10):
     add_scalar("charts/episodic_return", base if step > 0.9 * T else -1000.0, step)
     add_scalar("lag/final_tv", 0.1 + 0.01 * args.lag, step)
+for r in (1.0, 2.0, 6.0):
+    add_scalar("eval/episodic_return", r, T)
 time.sleep(0.5)  # long enough for the two workers' runs to overlap
 w.close()
 json.dump({"global_step": T, "final_return": base, "start": t0, "end": time.time()},
@@ -218,49 +238,33 @@ def run_runner(argv, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def test_run_grid_fake_script(tmp_path):
+def fake_argv(tmp_path, algos, seeds=("1", "2"), lags=("2",), steps="1000", extra=()):
     fake = tmp_path / "fake_train.py"
     fake.write_text(FAKE_SCRIPT)
-    out = tmp_path / "grid"
-    argv = [
-        "--algos",
-        "ppo",
-        "vaco-nofilter",
-        "bad=spo --fail",
-        "--envs",
-        "Hopper-v5",
-        "--lags",
-        "2",
-        "--seeds",
-        "1",
-        "2",
-        "--total-timesteps",
-        "1000",
-        "--workers",
-        "2",
-        "--out",
-        str(out),
-        "--poll",
-        "0.1",
-    ]
-    for base in ("ppo", "vaco", "spo"):
+    argv = ["--algos", *algos, "--envs", "Hopper-v5", "--lags", *lags, "--seeds", *seeds, "--total-timesteps", steps]
+    argv += ["--workers", "2", "--out", str(tmp_path / "grid"), "--records", str(tmp_path / "records"), "--poll", "0.1"]
+    for base in ("ppo", "vaco", "spo", "impala"):
         argv += ["--script", f"{base}={fake}"]
-    extra = ["--", "--num-envs", "3"]
+    return argv + ["--", *extra] if extra else argv
 
-    dry = run_runner(argv + ["--dry-run"] + extra)
-    assert dry.returncode == 0 and not out.exists()
+
+def test_run_grid_records_and_resume(tmp_path):
+    argv = fake_argv(tmp_path, ["ppo", "vaco-nofilter", "bad=spo --fail"], extra=["--num-envs", "3"])
+    out, records = tmp_path / "grid", tmp_path / "records"
+
+    dry = run_runner(argv[: argv.index("--")] + ["--dry-run"] + argv[argv.index("--") :])
+    assert dry.returncode == 0 and not out.exists() and not records.exists()
     lines = dry.stdout.strip().splitlines()
     assert len(lines) == 6 and all(line.startswith("OMP_NUM_THREADS=1 ") for line in lines)
 
-    argv += extra
     first = run_runner(argv)
     assert first.returncode == 1, first.stdout + first.stderr
-    good = sorted(p.parent.name for p in out.glob("*/summary.json"))
+    good = sorted(p.name for p in records.glob("*.json.gz"))
     assert good == [
-        "Hopper-v5__ppo__lag2__s1",
-        "Hopper-v5__ppo__lag2__s2",
-        "Hopper-v5__vaco-nofilter__lag2__s1",
-        "Hopper-v5__vaco-nofilter__lag2__s2",
+        "Hopper-v5__ppo__lag2__s1.json.gz",
+        "Hopper-v5__ppo__lag2__s2.json.gz",
+        "Hopper-v5__vaco-nofilter__lag2__s1.json.gz",
+        "Hopper-v5__vaco-nofilter__lag2__s2.json.gz",
     ]
     assert "4 finished" in first.stdout and "2 failed" in first.stdout
     assert "2 FAILED run(s)" in first.stdout and "RuntimeError: boom, fake failure" in first.stdout
@@ -269,82 +273,155 @@ def test_run_grid_fake_script(tmp_path):
     assert rec["omp"] == "1" and rec["torch_threads"] == 1 and rec["filter"] is False
     assert rec["exp_name"] == "vaco-nofilter" and rec["run_dir"] == str(out / "Hopper-v5__vaco-nofilter__lag2__s2")
     assert rec["argv"][-2:] == ["--num-envs", "3"]
-    assert (out / "Hopper-v5__ppo__lag2__s1" / "train.log").read_text().count("fake training") == 1
+    assert (out / "Hopper-v5__ppo__lag2__s1.log").read_text().count("fake training") == 1
     spans = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
-    assert any(
-        a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)
-    ), "two workers should overlap"
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)), "no overlap"
 
-    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
-    second = run_runner(argv)  # resume: finished runs are skipped, the failed ones are retried (and fail again)
-    assert second.returncode == 1
-    assert "4 already finished, 2 to run" in second.stdout and "2 failed" in second.stdout
-    assert mtimes == {p: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
+    # the record holds what the tables need, and nothing machine-specific
+    r = aggregate.read_record(records / "Hopper-v5__vaco-nofilter__lag2__s2.json.gz")
+    assert (r["algo"], r["task"], r["lag"], r["seed"], r["finished"]) == ("vaco-nofilter", "Hopper-v5", 2, 2, True)
+    assert r["scalars"]["step"] == list(range(100, 1001, 100)) and r["eval_returns"] == [1.0, 2.0, 6.0]
+    assert r["scalars"]["episodic_return"][-1] == 225.0 and "run_dir" not in r["args"]
+    assert (records / "Hopper-v5__ppo__lag2__s1.json.gz").stat().st_size < 2000
 
+    # a fresh machine: no run folders, only the records -> everything recorded is skipped
+    import shutil
+
+    shutil.rmtree(out)
     ok_only = [a for a in argv if a != "bad=spo --fail"]
-    third = run_runner(ok_only)
-    assert third.returncode == 0 and "4 skipped" in third.stdout and "0 failed" in third.stdout
+    again = run_runner(ok_only)
+    assert again.returncode == 0 and "4 skipped" in again.stdout and "0 finished" in again.stdout
+    assert not out.exists() or not list(out.iterdir())
 
-    # the runner's output aggregates: final score = mean over the last 10% of steps
+    # the records aggregate: final score = mean over the last 10% of steps
     ref = tmp_path / "ref.csv"
     ref.write_text("env_id,random_return,reference_return\nHopper-v5,0,1000\n")
     res = aggregate.aggregate(
-        [out], tmp_path / "res", reference=ref, reps=50, curve_reps=20, curve_points=10, plots=False, log=lambda m: None
+        [records], tmp_path / "res", reference=ref, reps=50, curve_reps=20, plots=False, log=lambda m: None
     )
     final = res["final"].set_index(["algo", "seed"])
     assert final.loc[("ppo", 2), "final_return"] == pytest.approx(220.0)
-    assert final.loc[("vaco-nofilter", 1), "final_return"] == pytest.approx(125.0)
     assert final.loc[("vaco-nofilter", 1), "normalized_score"] == pytest.approx(0.125)
-    assert final.loc[("ppo", 1), "final_tv"] == pytest.approx(0.12)
+    assert final.loc[("ppo", 1), "final_tv"] == pytest.approx(0.12) and final.loc[("ppo", 1), "eval_return"] == 3.0
 
 
-def test_run_grid_interrupt(tmp_path):
-    fake = tmp_path / "fake_train.py"
-    fake.write_text(FAKE_SCRIPT)
-    out = tmp_path / "grid"
-    cmd = [
-        sys.executable,
-        str(REPO / "tools" / "run_grid.py"),
-        "--algos",
-        "ppo",
-        "--envs",
-        "Hopper-v5",
-        "--lags",
-        "0",
-        "--seeds",
-        "1",
-        "2",
-        "3",
-        "--total-timesteps",
-        "100",
-        "--workers",
-        "2",
-        "--out",
-        str(out),
-        "--poll",
-        "0.1",
-        "--script",
-        f"ppo={fake}",
-        "--",
-        "--sleep",
-        "60",
+def test_run_grid_writes_records_of_finished_folders_and_max_runs(tmp_path):
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1", "2", "3"))
+    records = tmp_path / "records"
+    no_records = [a for a in argv if a not in ("--records", str(records))]
+    first = run_runner(no_records + ["--max-runs", "1"])  # one chunk of one run, without records
+    assert first.returncode == 0 and "1 finished" in first.stdout and "2 run(s) left" in first.stdout
+    assert not records.exists()
+    second = run_runner(argv + ["--max-runs", "1"])  # records asked for: the finished folder gets its record too
+    assert second.returncode == 0 and "1 already finished, 1 to run" in second.stdout
+    assert sorted(p.name for p in records.glob("*.gz")) == [
+        "Hopper-v5__ppo__lag2__s1.json.gz",
+        "Hopper-v5__ppo__lag2__s2.json.gz",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 30
-    while len(list(out.glob("*/args.json"))) < 2 and time.time() < deadline:  # both workers' runs have started
+    third = run_runner(argv + ["--time-budget", "1s"])  # no run is expected to take longer than 1 s so far: one starts
+    assert third.returncode == 0 and "2 skipped" in third.stdout
+    assert len(list(records.glob("*.gz"))) == 3
+
+
+def test_run_grid_resume_unfinished(tmp_path):
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1",))
+    run_dir = tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1"
+    assert run_runner(argv + ["--", "--fail"]).returncode == 1 and (run_dir / "args.json").exists()  # left unfinished
+    resumed = run_runner(argv + ["--resume-unfinished"])
+    assert resumed.returncode == 0 and (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+    log = (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
+    assert "--fail" in log and "--resume" in log  # the log of both attempts
+    assert (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").exists()
+    run_runner(argv + ["--", "--fail"])  # record exists: skipped
+    (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").unlink()
+    (run_dir / "summary.json").unlink()
+    again = run_runner(argv)  # without the flag: deleted and started over
+    assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_run_grid_signal_leaves_no_process(tmp_path, sig):
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1", "2", "3"), lags=("0",), steps="100", extra=["--sleep", "60", "--spawn"])
+    out = tmp_path / "grid"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tools" / "run_grid.py"), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while len(list(out.glob("*/pids.json"))) < 2 and time.time() < deadline:  # both workers' runs (and their children) started
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    stdout, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stdout
-    assert "interrupted" in stdout and "2 stopped and 1 not started" in stdout
-    assert not list(out.glob("*/summary.json"))
+    time.sleep(0.3)
+    pids = [pid for f in out.glob("*/pids.json") for pid in json.loads(f.read_text())]
+    assert len(pids) == 4
+    proc.send_signal(sig)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stdout
+    assert f"{signal.Signals(sig).name}: stopped 2 running run(s)" in stdout and "1 not started" in stdout
+    time.sleep(0.2)
+    alive = []
+    for pid in pids:  # neither the training processes nor what they started are alive (zombies count as dead)
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+            os.kill(pid, signal.SIGKILL)  # this test's own leftovers
+    assert not alive, f"processes left alive: {alive}"
+    # the runs saw the signal (their summaries say interrupted), so none counts as finished
+    summaries = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
+    assert len(summaries) == 2 and all(s == {"interrupted": True} for s in summaries)
+    assert not (tmp_path / "records").exists()
+    assert not any(run_grid.is_finished(d) for d in out.iterdir())
+
+
+def test_tiers():
+    def runs(*argv):
+        return run_grid.build_runs(run_grid.parse_args(list(argv)))
+
+    t1, t2, t3 = runs("--tier", "1"), runs("--tier", "2"), runs("--tier", "3")
+    assert (len(t1), len(t2), len(t3)) == (120, 40, 40)
+    for r in t1 + t2 + t3:
+        flags = " ".join(r.cmd)
+        assert (
+            "--total-timesteps 500000" in flags
+            and "--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform" in flags
+        )
+        assert (
+            r.record.parent.name == f"tier{1 if r in t1 else 2 if r in t2 else 3}" and r.record.parent.parent.name == "records"
+        )
+        assert r.record.name == r.run_dir.name + ".json.gz"
+    assert {(r.variant.label, r.lag) for r in t2} == {("vaco-norealign", 8), ("vaco-nofilter", 8)}
+    assert {r.variant.flags[0] for r in t2} == {"--no-realign", "--no-filter"}
+    assert {r.variant.label for r in t3} == {"spo", "impala"} and {r.seed for r in t3} == {1, 2, 3, 4, 5}
+    assert {r.env for r in t1} == {"Hopper-v5", "Walker2d-v5"} and {r.lag for r in t1} == {0, 4, 8}
+    # seed-major; within a seed lags 0 and 8 first (both algorithms and tasks), then lag 4
+    assert [r.seed for r in t1] == sorted(r.seed for r in t1)
+    assert [(r.lag, r.env, r.variant.label) for r in t1[:8]] == [
+        (lag, env, a) for lag in (0, 8) for env in ("Hopper-v5", "Walker2d-v5") for a in ("ppo", "vaco")
+    ]
+    assert {r.lag for r in t1[8:12]} == {4}
+    every = runs("--tier", "1", "2", "3")
+    assert len(every) == 200 and [r.seed for r in every] == sorted(r.seed for r in every)
+    assert [r.run_dir.parent.name for r in every[:24]] == ["tier1"] * 12 + ["tier2"] * 4 + ["tier3"] * 8
+    assert len(runs("--tier", "1", "--seeds", "1", "2")) == 24
+    for r in (t1[0], t1[1], t2[0], t3[0], t3[1]):  # the real scripts accept every tier's command line
+        args = script_module(Path(r.cmd[1]).name).parse_args(r.cmd[2:])
+        assert (args.num_envs, args.num_steps, args.eval_episodes, args.lag_mode) == (8, 256, 10, "uniform")
+        assert (args.total_timesteps, args.exp_name, args.lag) == (500_000, r.variant.label, r.lag)
+    for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "4"]):
+        proc = run_runner(bad + ["--dry-run"])
+        assert proc.returncode == 2 and "error:" in proc.stderr, bad
 
 
 def test_run_grid_labels_and_errors():
     assert run_grid.parse_variant("vaco-norealign-nofilter").flags == ["--no-realign", "--no-filter"]
     assert run_grid.parse_variant("vaco-delta0.05").flags == ["--tv-threshold", "0.05"]
-    v = run_grid.parse_variant("impala-l9=impala --vtrace-lambda 0.9")
-    assert (v.label, v.base, v.flags) == ("impala-l9", "impala", ["--vtrace-lambda", "0.9"])
+    v = run_grid.parse_variant("impala-cbar2=impala --c-bar 2")
+    assert (v.label, v.base, v.flags) == ("impala-cbar2", "impala", ["--c-bar", "2"])
+    assert script_module("impala_mujoco.py").parse_args(v.flags).c_bar == 2.0  # a real flag of the script
     for bad in ("dqn", "vaco-nonsense", "x=dqn --a"):
         with pytest.raises(ValueError):
             run_grid.parse_variant(bad)
@@ -357,75 +434,77 @@ def test_run_grid_labels_and_errors():
             ["--algos", "ppo", "--ablations", "--envs", "A-v0", "B-v0", "--lags", "0", "8", "--seeds", "1", "2"]
         )
     )
-    assert len(full) == len(opts.algos) * 2 * 2 * 2
+    assert len(full) == len(opts.algos) * 2 * 2 * 2 and all(r.record is None for r in full)
     assert [r.run_dir for r in run_grid.build_runs(opts)] == [r.run_dir for r in full[1::3]]
     assert full[0].seed == 1 and full[-1].seed == 2  # seed-major order
+    assert run_grid.lag_order([0, 1, 2, 4, 8]) == [0, 8, 1, 2, 4] and run_grid.lag_order([3]) == [3]
+    assert [run_grid.parse_duration(t) for t in ("90", "90m", "1.5h")] == [90, 5400, 5400]
 
 
 # ------------------------------------------------------------------------------------------ aggregation
 
 REF = {"TaskA-v0": (0.0, 100.0), "TaskB-v0": (-100.0, 100.0)}  # random, reference
-# normalised final scores (seed-major rows, task columns) per (algo, lag); 4 seeds x 2 tasks
-SCORES = {
-    ("ppo", 0): [[0.1, 0.5], [0.2, 0.9], [0.8, 0.3], [1.2, 0.4]],
-    ("ppo", 4): [[0.0, 0.1], [0.1, 0.2], [0.3, 0.2], [0.2, 0.0]],
-    ("vaco", 0): [[0.5, 0.6], [0.7, 0.8], [0.9, 1.0], [1.1, 1.3]],
-    ("vaco", 4): [[0.4, 0.5], [0.6, 0.7], [0.8, 0.9], [1.0, 1.1]],
-    ("vaco-nofilter", 0): [[0.3, 0.3], [0.3, 0.3], [0.3, 0.3], [0.3, 0.3]],
-    ("vaco-nofilter", 4): [[0.2, 0.2], [0.2, 0.2], [0.2, 0.2], [0.2, 0.2]],
-}
 T = 1000
+SEEDS = (1, 2, 3, 4)
+# Normalised final score of each run: BASE[algo, lag] + task offset + 0.01 * seed (the seed term cancels in
+# every difference of means, so the differences below are exact).
+BASE = {
+    ("ppo", 0): 0.6,
+    ("ppo", 4): 0.4,
+    ("ppo", 8): 0.2,
+    ("vaco", 0): 0.6,
+    ("vaco", 4): 0.5,
+    ("vaco", 8): 0.4,
+    ("vaco-nofilter", 8): 0.3,
+    ("vaco-norealign", 8): 0.35,
+    ("spo", 0): 0.5,
+    ("spo", 8): 0.1,
+    ("impala", 0): 0.3,
+    ("impala", 8): 0.0,
+}
+OFFSET = {"TaskA-v0": 0.0, "TaskB-v0": 0.1}
+TV = {0: 0.03, 4: 0.09, 8: 0.11}  # VACO's final TV at each lag; delta/2 = 0.1
 
 
-def write_synthetic_run(root: Path, algo: str, task: str, lag: int, seed: int, score: float, finished=True):
-    from torch.utils.tensorboard import SummaryWriter
+def score(algo, lag, task, seed):
+    extra = 0.1 if (algo, lag, task) == ("vaco", 8, "TaskB-v0") else 0.0  # VACO gains more on TaskB at lag 8
+    return BASE[algo, lag] + OFFSET[task] + 0.01 * seed + extra
 
+
+def synthetic_record(algo, task, lag, seed, norm_score, finished=True, steps=None):
+    """A record whose training return is -500 until 90% of training, then final +- 10 (mean: final)."""
     lo, hi = REF[task]
-    final = lo + score * (hi - lo)
-    d = root / f"{task}__{algo}__lag{lag}__s{seed}"
-    d.mkdir(parents=True)
-    args = {
-        "exp_name": "vaco_mujoco" if algo.startswith("vaco") else f"{algo}_mujoco",
-        "env_id": task,
-        "lag": lag,
-        "lag_mode": "uniform",
-        "seed": seed,
-        "total_timesteps": T,
-    }
+    final = lo + norm_score * (hi - lo)
+    steps = steps or [100, 200, 300, 400, 500, 600, 700, 800, 900, 960, 1000]
+    ret = {s: (-500.0 if s <= 900 else final + (10.0 if s < 1000 else -10.0)) for s in steps}
+    tv = {s: 5.0 if s <= 900 else (TV[lag] if algo == "vaco" else 0.05) for s in steps}
+    args = {"exp_name": f"{algo.split('-')[0]}_mujoco", "env_id": task, "lag": lag, "lag_mode": "uniform", "seed": seed}
+    args["total_timesteps"] = T
     if algo.startswith("vaco"):
-        args.update(tv_threshold=0.2, rho_bar=1.0, realign=True, filter=algo != "vaco-nofilter")
-    (d / "args.json").write_text(json.dumps(args))
-    w = SummaryWriter(str(d))
-    for step in range(100, 901, 100):  # outside the last 10%: must not count
-        w.add_scalar("charts/episodic_return", -500.0, step)
-        w.add_scalar("lag/final_tv", 5.0, step)
-    w.add_scalar("charts/episodic_return", final + 10.0, 960)
-    w.add_scalar("charts/episodic_return", final - 10.0, 1000)
-    w.add_scalar("lag/final_tv", 0.05 + 0.01 * lag, 1000)
-    w.add_scalar("lag/backward_tv", 0.02 * lag, 1000)
-    w.add_scalar("charts/SPS", 1234.0, 1000)
-    for i, r in enumerate([1.0, 2.0, 6.0]):
-        w.add_scalar("eval/episodic_return", r, i)
-    w.close()
-    if finished:
-        (d / "summary.json").write_text(json.dumps({"global_step": T, "final_return": final}))
+        args.update(tv_threshold=0.2, rho_bar=1.0, realign=algo != "vaco-norealign", filter=algo != "vaco-nofilter")
+    summary = {"global_step": T, "final_return": final} if finished else None
+    scalars = {"episodic_return": ret, "final_tv": tv, "backward_tv": {s: 0.02 * lag for s in steps}}
+    return aggregate.make_record(f"{task}__{algo}__lag{lag}__s{seed}", args, summary, scalars, [1.0, 2.0, 6.0])
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    for (algo, lag), matrix in SCORES.items():
-        for seed_idx, row in enumerate(matrix):
-            for task, score in zip(sorted(REF), row):
-                write_synthetic_run(root, algo, task, lag, seed_idx + 1, score)
-    write_synthetic_run(root, "ppo", "TaskA-v0", 0, 7, 99.0, finished=False)  # unfinished: ignored
-    ref = root.parent / "reference.csv"
+    root = tmp_path_factory.mktemp("records")
+    for algo, lag in BASE:
+        for task in REF:
+            for seed in SEEDS:
+                aggregate.write_record(
+                    synthetic_record(algo, task, lag, seed, score(algo, lag, task, seed)),
+                    root / "g" / f"{task}__{algo}__lag{lag}__s{seed}.json.gz",
+                )
+    aggregate.write_record(synthetic_record("ppo", "TaskA-v0", 0, 7, 9.0, finished=False), root / "g" / "unfinished.json.gz")
+    ref = root / "reference.csv"
     ref.write_text(
         "# test table\nenv_id,random_return,reference_return\n" + "".join(f"{k},{lo},{hi}\n" for k, (lo, hi) in REF.items())
     )
-    out = root.parent / "results"
-    res = aggregate.aggregate([root], out, reference=ref, reps=200, curve_reps=50, curve_points=20, seed=0, log=lambda m: None)
-    return root, out, res
+    out = root / "out"
+    res = aggregate.aggregate([root / "g"], out, reference=ref, reps=300, curve_reps=50, seed=0, log=lambda m: None)
+    return root, out, res, ref
 
 
 def test_normalise():
@@ -436,96 +515,276 @@ def test_normalise():
     assert np.allclose(aggregate.normalise([50.0, 0.0, 300.0], ["TaskA-v0", "TaskB-v0", "TaskB-v0"], ref), [0.5, 0.5, 2.0])
 
 
-def test_metrics_match_rliable():
+def test_iqm_and_t_interval():
     from rliable import metrics
+    from scipy.stats import trim_mean
 
     rs = np.random.RandomState(0)
-    for shape in [(4, 2), (5, 3), (10, 5), (7, 1), (3, 4)]:
-        x = rs.randn(*shape)
-        expected = [
-            metrics.aggregate_median(x),
-            metrics.aggregate_iqm(x),
-            metrics.aggregate_mean(x),
-            metrics.aggregate_optimality_gap(x),
-        ]
-        assert np.allclose(aggregate.aggregate_metrics(x), expected)
-        y = rs.randn(*shape, 6)
-        assert np.allclose(aggregate.iqm_per_point(y), [metrics.aggregate_iqm(y[..., t]) for t in range(6)])
+    for n in (3, 4, 5, 8, 10, 20):
+        x = rs.randn(n)
+        assert aggregate.iqm(x) == pytest.approx(trim_mean(x, 0.25)) == pytest.approx(metrics.aggregate_iqm(x))
+    y = rs.randn(6, 9)
+    assert np.allclose(aggregate.iqm(y, axis=1), [trim_mean(row, 0.25) for row in y])
+    # Student-t half-widths: t(0.975, 2) = 4.3027, t(0.975, 9) = 2.2622 (tables), not 1.96
+    v = np.array([1.0, 2.0, 6.0])
+    m, h, n = aggregate.t_interval(v)
+    assert (m, n) == (3.0, 3) and h == pytest.approx(4.302653 * np.std(v, ddof=1) / np.sqrt(3), rel=1e-6)
+    w = np.arange(10.0)
+    assert aggregate.t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
+    assert np.isnan(aggregate.t_interval([5.0])[1]) and aggregate.t_interval([np.nan, 2.0])[2] == 1
 
 
-def test_aggregate_known_answers(synthetic):
-    _, out, res = synthetic
-    agg = pd.read_csv(out / "aggregate.csv")
-    get = lambda algo, lag, m: agg[(agg.algo == algo) & (agg.lag == lag) & (agg.metric == m)].iloc[0]  # noqa: E731
-    # ppo lag 0: values 0.1 .5 .2 .9 .8 .3 1.2 .4 -> sorted .1 .2 .3 .4 .5 .8 .9 1.2; IQM drops 2 each end
-    assert get("ppo", 0, "iqm").estimate == pytest.approx((0.3 + 0.4 + 0.5 + 0.8) / 4)
-    assert get("ppo", 0, "mean").estimate == pytest.approx(4.4 / 8)
-    # median over tasks of per-task means: TaskA 2.3/4, TaskB 2.1/4 -> median of two = their mean
-    assert get("ppo", 0, "median").estimate == pytest.approx((2.3 / 4 + 2.1 / 4) / 2)
-    # optimality gap: 1 - mean(min(x, 1)) = 1 - (4.4 - 0.2) / 8
-    assert get("ppo", 0, "optimality_gap").estimate == pytest.approx(1 - 4.2 / 8)
-    assert get("vaco", 4, "iqm").estimate == pytest.approx((0.6 + 0.7 + 0.8 + 0.9) / 4)
-    nf = get("vaco-nofilter", 0, "iqm")
-    assert nf.estimate == pytest.approx(0.3) and nf.ci_low == pytest.approx(0.3) and nf.ci_high == pytest.approx(0.3)
-    for _, r in agg.iterrows():
-        assert r.ci_low <= r.ci_high and r.n_tasks == 2 and r.runs_per_task == 4
-        if r.metric in ("iqm", "mean"):
-            assert r.ci_low - 1e-9 <= r.estimate <= r.ci_high + 1e-9
-    assert set(agg.metric) == {"median", "iqm", "mean", "optimality_gap", "auc_iqm"}
-    # fixed random state: the CIs are reproducible
-    again = aggregate.aggregate_table(res["final"], reps=200, seed=0, log=lambda m: None)
-    assert np.allclose(again.ci_low.to_numpy(), res["aggregate"].ci_low.to_numpy())
+def test_stratified_bootstrap_against_loop():
+    """The vectorised bootstrap equals a plain loop over the same resampling indices."""
+    rs = np.random.RandomState(1)
+    cells = [rs.randn(4), rs.randn(6) + 1, rs.randn(3)]
+    reps = 200
+
+    def stat(s):  # mean of cell 0 + mean of cell 1 - mean of cell 2
+        return s[0].mean(axis=1) + s[1].mean(axis=1) - s[2].mean(axis=1)
+
+    point, low, high = aggregate.stratified_bootstrap(cells, stat, reps=reps, seed=5)
+    rng = np.random.default_rng(5)
+    idx = [rng.integers(0, len(c), size=(reps, len(c))) for c in cells]
+    dist = [
+        sum(sgn * float(np.mean([c[j] for j in ix[b]])) for sgn, c, ix in zip((1, 1, -1), cells, idx)) for b in range(reps)
+    ]
+    assert point == pytest.approx(cells[0].mean() + cells[1].mean() - cells[2].mean())
+    assert (low, high) == pytest.approx(tuple(np.percentile(dist, [2.5, 97.5])))
+    const = aggregate.stratified_bootstrap([np.full(5, 0.3)], lambda s: s[0].mean(axis=1), reps=50)
+    assert const == pytest.approx((0.3, 0.3, 0.3))
 
 
-def test_aggregate_csv_contents(synthetic):
-    root, out, _ = synthetic
-    final = pd.read_csv(out / "final.csv")
-    assert len(final) == 6 * 4 * 2 and not final["run_dir"].str.contains("s7").any()  # unfinished left out
-    assert set(final.algo) == {"ppo", "vaco", "vaco-nofilter"}  # labels derived from exp_name + ablation flags
+def test_final_scores_and_tables(synthetic):
+    _, out, res, _ = synthetic
+    final = pd.read_csv(out / "final.csv", comment="#")
+    assert (out / "final.csv").read_text().startswith("# final score = mean training episodic return over the last 10%")
+    assert len(final) == len(BASE) * 2 * len(SEEDS) and 7 not in set(final.seed)  # unfinished left out
     row = final[(final.algo == "ppo") & (final.task == "TaskB-v0") & (final.lag == 0) & (final.seed == 2)].iloc[0]
-    assert row.final_return == pytest.approx(-100 + 0.9 * 200)  # mean of the two points after 90% of training
-    assert row.normalized_score == pytest.approx(0.9)
+    assert row.normalized_score == pytest.approx(0.6 + 0.1 + 0.02)  # mean of the two points after 90% of training
     assert row.final_tv == pytest.approx(0.05) and row.eval_return == pytest.approx(3.0)
-    assert final[final.lag == 4].backward_tv.to_numpy() == pytest.approx(0.08)
-    runs = pd.read_csv(out / "runs.csv")
-    assert {
-        "run_dir",
-        "algo",
-        "task",
-        "lag",
-        "lag_mode",
-        "seed",
-        "step",
-        "episodic_return",
-        "final_tv",
-        "backward_tv",
-        "sps",
-    } <= set(runs.columns)
-    assert len(runs) == len(final) * 11  # steps 100..900, 960, 1000
-    one = runs[(runs.algo == "vaco") & (runs.task == "TaskA-v0") & (runs.lag == 4) & (runs.seed == 3)]
-    assert one.step.tolist() == [100, 200, 300, 400, 500, 600, 700, 800, 900, 960, 1000]
-    assert one.episodic_return.iloc[-1] == pytest.approx(0.8 * 100 - 10)
-    curves = pd.read_csv(out / "iqm_curves.csv")
-    first = curves[(curves.algo == "ppo") & (curves.lag == 0)].iloc[0]
-    # at the first grid point every run is at -500: TaskA -> -5, TaskB -> -2; IQM of four of each = -3.5
-    assert first.step == pytest.approx(T / 20) and first.iqm == pytest.approx(-3.5)
-    per_task = pd.read_csv(out / "per_task.csv")
-    assert per_task[(per_task.algo == "vaco") & (per_task.lag == 0)].runs.tolist() == [4, 4]
+    assert set(final.algo) == {"ppo", "vaco", "vaco-nofilter", "vaco-norealign", "spo", "impala"}
+    per_task = pd.read_csv(out / "per_task.csv", comment="#")
+    p = per_task[(per_task.algo == "vaco") & (per_task.task == "TaskA-v0") & (per_task.lag == 4)].iloc[0]
+    seeds = np.array(SEEDS) * 0.01
+    assert p.runs == 4 and p.normalized_score_mean == pytest.approx(0.5 + seeds.mean())
+    assert p.normalized_score_ci95 == pytest.approx(3.182446 * seeds.std(ddof=1) / 2, rel=1e-5)  # t(0.975, 3)
+    assert p.final_tv_mean == pytest.approx(0.09)
+    agg = pd.read_csv(out / "aggregate.csv", comment="#")
+    get = lambda algo, lag, m: agg[(agg.algo == algo) & (agg.lag == lag) & (agg.metric == m)].iloc[0]  # noqa: E731
+    values = np.sort([score("ppo", 0, t, s) for t in REF for s in SEEDS])
+    assert get("ppo", 0, "iqm").estimate == pytest.approx(values[2:6].mean())
+    assert get("ppo", 0, "mean").estimate == pytest.approx(values.mean())
+    for r in agg.itertuples():
+        assert r.ci_low <= r.estimate + 1e-12 <= r.ci_high + 2e-12 and r.n_tasks == 2 and r.runs_per_task == 4
+    again = aggregate.aggregate_table(res["final"], reps=300, seed=0, log=lambda m: None)
+    assert np.allclose(again.ci_low, res["aggregate"].ci_low)  # a fixed seed: reproducible intervals
 
 
-def test_plots_written(synthetic):
-    _, out, res = synthetic
+def test_primary_measure_and_ablations(synthetic):
+    _, out, res, _ = synthetic
+    deg = pd.read_csv(out / "degradation.csv", comment="#")
+    d = deg[(deg.measure == "degradation_difference") & (deg.algo == "vaco")].set_index("task")
+    # (VACO 8 - VACO 0) - (PPO 8 - PPO 0): TaskA (0.4 - 0.6) - (0.2 - 0.6) = 0.2; TaskB adds VACO's 0.1 there
+    assert d.loc["TaskA-v0", "estimate"] == pytest.approx(0.2) and d.loc["TaskB-v0", "estimate"] == pytest.approx(0.3)
+    assert d.loc["pooled", "estimate"] == pytest.approx(0.25) and (d.vs == "ppo").all()
+    assert (d.ci_low < d.estimate).all() and (d.estimate < d.ci_high).all() and (d.ci_low > 0).all()
+    own = deg[(deg.measure == "degradation") & (deg.task == "pooled")].set_index("algo").estimate
+    assert own["ppo"] == pytest.approx(-0.4) and own["impala"] == pytest.approx(-0.3) and "vaco-nofilter" not in own
+    assert set(deg[deg.measure == "degradation_difference"].algo) == {"vaco", "spo", "impala"}
+    abl = pd.read_csv(out / "ablation.csv", comment="#").set_index(["algo", "task"])
+    assert abl.loc[("vaco-nofilter", "TaskA-v0"), "estimate"] == pytest.approx(0.3 - 0.4)
+    assert abl.loc[("vaco-norealign", "pooled"), "estimate"] == pytest.approx(((0.35 - 0.4) + (0.35 - 0.5)) / 2)
+    assert (abl["lag"] == 8).all()
+    # the interval equals an independent loop over the same resampled indices (cells in task, term order)
+    cells = [
+        res["final"].query("algo == @a and lag == @k and task == @t").sort_values("seed").normalized_score.to_numpy()
+        for t in sorted(REF)
+        for a, k in (("vaco", 8), ("vaco", 0), ("ppo", 8), ("ppo", 0))
+    ]
+    rng = np.random.default_rng(0)
+    idx = [rng.integers(0, len(c), size=(300, len(c))) for c in cells]
+    pooled = [
+        np.mean(
+            [
+                sum(
+                    sg * c[ix[b]].mean() for sg, c, ix in zip((1, -1, -1, 1), cells[4 * t : 4 * t + 4], idx[4 * t : 4 * t + 4])
+                )
+                for t in range(2)
+            ]
+        )
+        for b in range(300)
+    ]
+    assert (d.loc["pooled", "ci_low"], d.loc["pooled", "ci_high"]) == pytest.approx(tuple(np.percentile(pooled, [2.5, 97.5])))
+
+
+def test_verdict(synthetic, tmp_path, monkeypatch):
+    root, out, res, ref = synthetic
+    table = res["verdict_table"].set_index("criterion")
+    assert res["verdict"] == "supported" and table.holds.tolist() == [True, True, True, True, False, False]
+    assert (
+        "| supporting | pooled (VACO 8 - VACO 0) - (PPO 8 - PPO 0): 95% interval above 0 | +0.250 ["
+        in (out / "verdict.md").read_text()
+    )
+    assert "**supported (provisional: 4 of the 10" in res["verdict_md"]  # 4 seeds, not the pre-registered 10
+    monkeypatch.setattr(aggregate, "PREREGISTERED_SEEDS", 4)
+    assert "**supported**" in aggregate.verdict_markdown(res["verdict_table"], res["verdict"], res["final"])
+    md = (out / "verdict.md").read_text()  # with the tables a reading needs
+    assert "| vaco | +0.200 [" in md and "| vaco-nofilter | -0.100 [" in md and "| vaco | TaskA-v0 | 0.030 ± 0.000 |" in md
+    # Flip the grid: VACO loses more than PPO and ends below it -> refuted
+    g = tmp_path / "g"
+    for f in (root / "g").glob("*.json.gz"):
+        rec = aggregate.read_record(f)
+        if rec["algo"] == "vaco" and rec["lag"] == 8:
+            rec["scalars"]["episodic_return"] = [
+                -500.0 if v == -500.0 else v - 60.0 for v in rec["scalars"]["episodic_return"]
+            ]
+        aggregate.write_record(rec, g / f.name)
+    flipped = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=100, curve_reps=10, plots=False, log=lambda m: None)
+    holds = flipped["verdict_table"].set_index("kind").holds
+    assert flipped["verdict"] == "refuted" and holds["refuting"].tolist() == [True, True]
+    # Without lag-8 runs nothing can be judged
+    only0 = aggregate.aggregate(
+        [r for r in g.glob("*lag0*")], tmp_path / "o0", reference=ref, reps=50, curve_reps=10, plots=False, log=lambda m: None
+    )
+    assert only0["verdict"] == "inconclusive" and only0["verdict_table"].holds.isna().all()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "aggregate.py"),
+            str(g),
+            "--reference",
+            str(ref),
+            "--out",
+            str(tmp_path / "cli"),
+            "--verdict",
+            "--no-plots",
+            "--reps",
+            "50",
+            "--curve-reps",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        proc.returncode == 0
+        and "pre-registered criteria: **refuted (provisional: 4 of the 10 pre-registered seeds" in proc.stdout
+    ), proc.stderr
+
+
+def test_curves_at_logged_points_only(tmp_path):
+    ref = tmp_path / "ref.csv"
+    ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\nTaskB-v0,-100,100\n")
+    g = tmp_path / "g"
+    steps = {1: [100, 300, 500, 1000], 2: [100, 200, 500, 1000], 3: [100, 500, 700, 1000]}  # common: 100, 500, 1000
+    for seed, st in steps.items():
+        rec = synthetic_record("ppo", "TaskA-v0", 0, seed, 0.5, steps=st)
+        aggregate.write_record(rec, g / f"{seed}.json.gz")
+    res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=20, log=lambda m: None)
+    c = res["curves"]
+    assert c.step.tolist() == [100, 500, 1000] and c.iqm.tolist() == pytest.approx([-5.0, -5.0, 0.4])
+    assert aggregate.curve_steps([pd.DataFrame({"step": np.arange(1, 101), "episodic_return": 1.0})], 5).tolist() == [
+        1,
+        26,
+        51,
+        75,
+        100,
+    ]
+
+
+def test_figures(synthetic):
+    _, out, res, _ = synthetic
     for name in (
-        "aggregate_vs_lag.png",
-        "aggregate_intervals.png",
+        "score_vs_lag.png",
+        "intervals.png",
+        "degradation.png",
+        "ablation.png",
         "iqm_curves.png",
         "task_curves.png",
         "final_tv.png",
-        "ablation_components.png",
     ):
-        assert name in res["written"]
-        assert (out / name).stat().st_size > 10_000, name
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert name in res["written"] and (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    colors = aggregate.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
+    assert colors["vaco"] == aggregate.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
+    assert len({colors[k] for k in ("impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine")}) == 6
+    assert colors == aggregate.colors_for(
+        ["ppo[fixed]", "mine", "vaco-nofilter", "spo", "ppo", "vaco", "impala"]
+    )  # order-free
+    # 2 tasks, no score at the reference: no median panel (= mean), no optimality gap (= 1 - mean)
+    assert aggregate.meaningful_metrics(res["final"], 2) == ["iqm", "mean"]
+    assert aggregate.meaningful_metrics(res["final"].assign(normalized_score=1.2), 3) == [
+        "iqm",
+        "mean",
+        "median",
+        "optimality_gap",
+    ]
+
+
+def test_sources_legacy_and_run_folders(tmp_path):
+    """The older result folders (runs.csv + final.csv) and TensorBoard run folders read like records."""
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    pd.DataFrame(
+        {
+            "algo": ["ppo[fixed]"],
+            "task": ["Hopper-v5"],
+            "lag": [8],
+            "lag_mode": ["fixed"],
+            "seed": [1],
+            "last_step": [1000.0],
+            "finished": [True],
+            "run_dir": ["runs/x/Hopper-v5__ppo__lag8-fixed__s1"],
+            "exp_name": ["ppo"],
+            "eval_return": [7.0],
+            "num_envs": [8],
+        }
+    ).to_csv(legacy / "final.csv", index=False)
+    pd.DataFrame(
+        {
+            "run_dir": ["runs/x/Hopper-v5__ppo__lag8-fixed__s1"] * 3,
+            "step": [500, 950, 1000],
+            "episodic_return": [1.0, 10.0, 20.0],
+            "final_tv": [0.5, 0.1, 0.2],
+            "value_loss": [1.0, 1.0, 1.0],
+        }
+    ).to_csv(legacy / "runs.csv", index=False)
+    (rec,) = aggregate.collect_records([legacy])
+    assert (rec["algo"], rec["name"], rec["args"]["num_envs"], rec["summary"]["eval_return"]) == (
+        "ppo[fixed]",
+        "Hopper-v5__ppo__lag8-fixed__s1",
+        8,
+        7.0,
+    )
+    row, _ = aggregate.record_frames(rec)
+    assert row["final_return"] == 15.0 and row["final_tv"] == pytest.approx(0.15) and row["eval_return"] == 7.0
+    exported = aggregate.export_records([rec], tmp_path / "rec")
+    assert aggregate.read_record(exported[0]) == rec and aggregate.export_records([rec], tmp_path / "rec") == []
+    data = exported[0].read_bytes()
+    aggregate.write_record(rec, exported[0])
+    assert exported[0].read_bytes() == data  # byte-reproducible
+    # the tool's own output folder is not mistaken for a source, and an interrupted run is not finished
+    res = aggregate.aggregate(
+        [legacy], tmp_path / "out", normalization="none", reps=20, curve_reps=10, plots=False, log=lambda m: None
+    )
+    assert len(aggregate.collect_records([tmp_path / "out"], log=lambda m: None)) == 0 and len(res["final"]) == 1
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "args.json").write_text(
+        json.dumps({"exp_name": "vaco_mujoco", "env_id": "Hopper-v5", "seed": 3, "lag": 4, "run_dir": "/x"})
+    )
+    (run / "summary.json").write_text(json.dumps({"global_step": 10, "interrupted": True}))
+    assert not aggregate.is_finished(run) and aggregate.collect_records([run], log=lambda m: None) == []
+    (r,) = aggregate.collect_records([run], include_unfinished=True, log=lambda m: None)
+    assert (r["algo"], r["lag"], r["finished"], r["scalars"]) == ("vaco", 4, False, {"step": []})
+
+
+def test_cli_defaults_stay_out_of_tracked_folders():
+    assert aggregate.DEFAULT_OUT == "runs/aggregate" and "runs/" in (REPO / ".gitignore").read_text().split()
+    assert [p.relative_to(REPO).as_posix() for p in aggregate.DEFAULT_SOURCES] == [
+        f"results/records/tier{i}" for i in (1, 2, 3)
+    ]
 
 
 def test_algo_labels():
@@ -536,8 +795,6 @@ def test_algo_labels():
     assert aggregate.algo_label(dict(base, rho_bar=2.0, lag_mode="fixed")) == "vaco-rhobar2[fixed]"
     assert aggregate.algo_label({"exp_name": "spo_mujoco"}) == "spo"
     assert aggregate.algo_label({"exp_name": "my-variant"}) == "my-variant"
-    fams = aggregate.ablation_families(["vaco", "vaco-delta0.1", "vaco-nofilter", "vaco-rhobar2", "ppo"])
-    assert fams == {"components": ["vaco-nofilter"], "delta": ["vaco-delta0.1"], "rhobar": ["vaco-rhobar2"]}
 
 
 def test_reference_table_committed():

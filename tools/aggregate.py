@@ -1,45 +1,41 @@
 #!/usr/bin/env python
-"""Aggregate MuJoCo runs (TensorBoard logs + args.json) into tables and figures.
+"""Aggregate MuJoCo runs (committed run records, or run folders) into tables, figures and a verdict.
 
-    python tools/aggregate.py runs/grid [more folders ...] --out results/
+    python tools/aggregate.py                                   # every committed record of the evidence grid
+    python tools/aggregate.py results/records/tier1 runs/grid   # records and/or run folders
+    python tools/aggregate.py --verdict                         # also print the pre-registered verdict table
+    python tools/aggregate.py runs/grid --export-records results/records/mygrid   # run folders -> records
 
-Finds every run folder (a folder holding `args.json`) under the given folders, reads its TensorBoard
-scalars with TensorBoard's `EventAccumulator`, and writes into `--out`:
+Sources (positional, any mix): record files (`*.json.gz`), folders of records (searched recursively), run
+folders (a folder holding `args.json`: TensorBoard events + summary.json, searched recursively), and the
+older result folders that hold a `runs.csv` + `final.csv` written by an earlier version of this tool. Without
+sources: the evidence grid's committed records, `results/records/tier{1,2,3}`. Output goes to `--out`
+(default `runs/aggregate`, outside the tracked folders; give `--out results/...` to update committed files).
 
-  runs.csv          tidy, one row per (run, logged step): algo, task, lag, lag_mode, seed, step,
-                    episodic_return, final_tv, backward_tv, staleness_mean, sps, ... (every scalar tag,
-                    `charts/`, `losses/`, `lag/`, `perf/` prefixes dropped, others joined with `_`)
-  final.csv         one row per run: final_return, normalized_score, final_tv, backward_tv, auc, eval_return, ...
-  per_task.csv      per (algo, task, lag): runs, mean / std / median of final_return and final_tv
-  aggregate.csv     per (algo, lag): median, IQM, mean, optimality gap (and IQM of the normalised AUC) of
-                    normalised scores, with 95% stratified-bootstrap CIs (rliable `get_interval_estimates`,
-                    percentile method, `--reps` resamples; NumPy's global RNG seeded with `--seed` for every
-                    cell, because rliable 1.2 resamples with it and ignores `random_state`)
-  iqm_curves.csv    IQM of normalised return on a common step grid, with 95% CIs, per (algo, lag)
-  *.png             aggregate_vs_lag, aggregate_intervals, iqm_curves, task_curves, final_tv and, when
-                    VACO ablation labels are present, ablation_<family>.png
+Definitions (every table and figure states the ones it uses)
+------------------------------------------------------------
+* Final score of a run: the mean of the logged training episodic return (`charts/episodic_return`) over the
+  last 10% of training (logged steps > 0.9 x the run's final global step; the last logged point if none),
+  the scripts' summary.json definition. Normalised: (score - random) / (reference - random) with the
+  reference table (`results/reference_scores.csv`): 0 = uniform-random actions, 1 = CleanRL PPO at 8M steps.
+* Final TV, backward TV, SPS...: means over the same last-10% window.
+* Algorithm label: the run's `exp_name`, or for a script's default name the algorithm plus VACO's
+  non-default settings (`vaco-norealign`, `vaco-nofilter`, `vaco-delta0.1`, ...), `[mode]` appended for a
+  non-uniform `lag_mode`: the labels `tools/run_grid.py` gives.
+* Intervals. Aggregates over tasks (IQM, mean, and the median / optimality gap where they mean something):
+  95% percentile intervals of a stratified bootstrap (runs resampled with replacement within each task).
+  Per-task means: 95% Student-t intervals (t with n-1 degrees of freedom, e.g. 2.26 at 10 seeds, 4.30 at 3).
+* Primary measure: the difference in degradation, (VACO[hi] - VACO[lo]) - (PPO[hi] - PPO[lo]) of the mean
+  normalised final score (lags lo = 0, hi = 8), per task and pooled (the mean over tasks), with a 95%
+  stratified-bootstrap interval: each (algorithm, lag, task) cell's runs are resampled independently. > 0:
+  VACO loses less than PPO. The same difference is reported for every algorithm run at both lags.
+* Ablations: (ablation at hi) - (VACO at hi), per task and pooled, the same bootstrap.
+* Learning curves: at the logged steps only (the steps every run of a curve logged a return; at most
+  `--curve-points` of them, chosen evenly among the logged ones), never interpolated.
 
-Definitions
------------
-* Algorithm label: a run's `exp_name`. When `exp_name` is a script's default (e.g. `vaco_mujoco`, as in the
-  wandb sweeps) the label is the algorithm (`vaco`), and for VACO the non-default ablation settings are
-  appended: `-norealign`, `-nofilter`, `-delta<X>` (tv_threshold != 0.2), `-rhobar<X>` (rho_bar != 1),
-  the same labels `tools/run_grid.py` gives. A non-default `lag_mode` appends `[mode]`, e.g. `ppo[fixed]`.
-* Final score of a run: the mean of `charts/episodic_return` over the points logged in the last 10% of
-  training (step > 0.9 x the run's last logged step; the last point if none), as the scripts' summary.json.
-  `final_tv`, `backward_tv`, ... in final.csv are means over the same window.
-* Normalised score: `(score - random) / (reference - random)` with `random` and `reference` from the
-  reference table (`--reference`, default results/reference_scores.csv; its header says how it is built:
-  `random` = uniform-random-action return measured by `--measure-random`, `reference` = CleanRL PPO at
-  8M steps). 0 = random policy, 1 = CleanRL's PPO after 8M steps; the optimality gap uses gamma = 1.
-* Learning curves: each run's episodic returns are linearly interpolated onto `--curve-points` evenly
-  spaced steps up to the shortest run's last step (a common grid); `auc` is the mean of a run's normalised
-  curve on that grid (normalised area under the curve).
-* rliable needs the same number of runs for every task of an algorithm: when seeds are missing for some
-  task, the extra runs of the other tasks are dropped (lowest seeds kept) and a warning is printed.
-
-Unfinished runs (no summary.json) are left out unless `--include-unfinished`. If two finished runs share
-(algo, task, lag, seed), the newer one is kept.
+Outputs: final.csv (one row per run), per_task.csv, aggregate.csv, degradation.csv, ablation.csv,
+iqm_curves.csv, runs.csv (one row per run and logged step), verdict.md, and the figures score_vs_lag.png,
+degradation.png, intervals.png, iqm_curves.png, task_curves.png, final_tv.png, ablation.png (when present).
 
     python tools/aggregate.py --measure-random [ENV ...] [--episodes 20] [--write]
 
@@ -49,12 +45,11 @@ measures the random-policy returns and (with --write) rewrites the reference tab
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
-import re
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +57,46 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REFERENCE = REPO / "results" / "reference_scores.csv"
+DEFAULT_SOURCES = [REPO / "results" / "records" / f"tier{i}" for i in (1, 2, 3)]
+DEFAULT_OUT = "runs/aggregate"
 SCRIPT_STEMS = {"ppo_mujoco": "ppo", "vaco_mujoco": "vaco", "spo_mujoco": "spo", "impala_mujoco": "impala"}
 VACO_DEFAULTS = {"tv_threshold": 0.2, "rho_bar": 1.0}
-MAIN_COLORS = {"ppo": "tab:blue", "vaco": "tab:red", "spo": "tab:green", "impala": "tab:orange"}
-METRICS = ("median", "iqm", "mean", "optimality_gap")
-METRIC_TITLES = {"median": "Median", "iqm": "IQM", "mean": "Mean", "optimality_gap": "Optimality gap"}
 FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
+LAG_LO, LAG_HI = 0, 8  # the primary measure's lags
+TV_TOLERANCE = 0.25  # "near delta/2": within +-25% of delta/2 (pre-registered)
+TV_LAGS = (4, 8)
+PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
+
+# One colour per algorithm label, the same in every figure (matplotlib's tab10 hex codes).
+COLORS = {
+    "ppo": "#1f77b4",
+    "vaco": "#d62728",
+    "spo": "#2ca02c",
+    "impala": "#ff7f0e",
+    "vaco-norealign": "#9467bd",
+    "vaco-nofilter": "#8c564b",
+    "vaco-norealign-nofilter": "#e377c2",
+}
+EXTRA_COLORS = ["#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd"]
+MAIN_ALGOS = ("ppo", "vaco", "spo", "impala")
+
+SCORE_DEF = "final score = mean training episodic return over the last 10% of steps"
+NORM_DEF = "normalised: 0 = uniform-random actions, 1 = CleanRL PPO at 8M steps"
+WINDOW_DEF = "averaging window: logged steps > 0.9 x final step"
+
+# Records: the per-iteration scalars kept (TensorBoard tag -> column) and the format tag.
+RECORD_FORMAT = "vaco-run-record/1"
+RECORD_TAGS = {
+    "charts/episodic_return": "episodic_return",
+    "lag/staleness_mean": "staleness_mean",
+    "lag/backward_tv": "backward_tv",
+    "lag/final_tv": "final_tv",
+    "vaco/tv": "vaco_tv",
+    "vaco/over_budget_frac": "vaco_over_budget_frac",
+    "vaco/filter_frac": "vaco_filter_frac",
+}
+RECORD_COLUMNS = tuple(RECORD_TAGS.values())
+ARGS_DROPPED = ("run_dir", "wandb_project_name", "wandb_entity")  # machine- or account-specific
 
 # CleanRL ppo_continuous_action_8M (tag v1.0.0-13-gcbd83f6), 8M steps, 10 seeds, MuJoCo v4: the mean of the
 # per-run final returns. Source: vwxyzjn/cleanrl docs/rl-algorithms/rpo.md ("MuJoCo v4" tab; Pusher-v4 is the
@@ -98,13 +127,7 @@ REFERENCE_HEADER = """\
 """
 
 
-# ----------------------------------------------------------------------------------------------- loading
-
-
-def short_name(tag: str) -> str:
-    prefix, _, name = tag.partition("/")
-    name = name.lower() if name else prefix.lower()
-    return name if prefix in ("charts", "losses", "lag", "perf") else f"{prefix.lower()}_{name}"
+# ----------------------------------------------------------------------------------------------- records
 
 
 def fmt_num(x) -> str:
@@ -133,101 +156,214 @@ def algo_label(args: dict) -> str:
     return label
 
 
-def find_run_dirs(roots) -> list[Path]:
-    dirs = set()
-    for root in roots:
-        root = Path(root)
-        if (root / "args.json").exists():
-            dirs.add(root)
-        dirs.update(p.parent for p in root.rglob("args.json"))
-    return sorted(dirs)
+def is_finished(run_dir: Path) -> bool:
+    """A run is finished iff its summary.json exists and does not mark it as interrupted."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and not summary.get("interrupted", False)
 
 
-def read_scalars(run_dir: Path) -> dict[str, pd.Series]:
-    """All scalar tags of the run's TensorBoard event files (in the run folder itself), as step-indexed series."""
+def _clean(v):
+    """JSON-safe scalar: 6 significant digits for floats, None for NaN/inf."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    v = float(v)
+    return float(f"{v:.6g}") if math.isfinite(v) else None
+
+
+def read_event_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of the TensorBoard event files in the run folder, in logged order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out = {}
-    if not any(run_dir.glob("events.out.tfevents*")):
-        return out
+    if not any(Path(run_dir).glob("events.out.tfevents*")):
+        return {}
     ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     ea.Reload()
-    for tag in ea.Tags().get("scalars", []):
-        events = ea.Scalars(tag)
-        s = pd.Series([e.value for e in events], index=[e.step for e in events], dtype=float)
-        out[tag] = s[~s.index.duplicated(keep="last")].sort_index()
-    return out
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags().get("scalars", [])}
 
 
-def window_mean(s: pd.Series, last_step: float) -> float:
-    s = s.dropna()
-    if s.empty:
-        return float("nan")
-    w = s[s.index > (1 - FINAL_FRACTION) * last_step]
-    return float(w.mean()) if len(w) else float(s.iloc[-1])
+def make_record(name, args, summary, scalars: dict[str, dict[int, float]], eval_returns, algo=None) -> dict:
+    """A run record: what the tables and figures need, nothing machine-specific. `scalars`: column -> {step: value}."""
+    steps = sorted({s for col in scalars.values() for s in col})
+    columns = {"step": [int(s) for s in steps]}
+    for col in RECORD_COLUMNS:
+        if col in scalars and scalars[col]:
+            columns[col] = [_clean(scalars[col].get(s)) for s in steps]
+    args = {k: _clean(v) if not isinstance(v, (list, dict)) else v for k, v in args.items() if k not in ARGS_DROPPED}
+    return {
+        "format": RECORD_FORMAT,
+        "name": name,
+        "algo": algo or algo_label(args),
+        "task": args.get("env_id"),
+        "lag": int(args.get("lag", 0)),
+        "lag_mode": args.get("lag_mode") or "uniform",
+        "seed": int(args.get("seed", 0)),
+        "finished": summary is not None and not summary.get("interrupted", False),
+        "summary": {k: _clean(v) for k, v in (summary or {}).items()},
+        "args": args,
+        "eval_returns": [_clean(r) for r in eval_returns],
+        "scalars": columns,
+    }
 
 
-def load_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
-    """(one final.csv row without normalisation, the run's tidy rows)."""
+def record_from_run_dir(run_dir) -> dict:
+    run_dir = Path(run_dir)
     args = json.loads((run_dir / "args.json").read_text())
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    scalars = read_scalars(run_dir)
-    evals = scalars.pop("eval/episodic_return", None)
-    series = {short_name(t): s for t, s in scalars.items() if not t.startswith("eval/")}
-    wide = pd.DataFrame(series)
-    wide.index.name = "step"
-    last_step = float(wide.index.max()) if len(wide) else float("nan")
-    row = {
-        "algo": algo_label(args),
-        "task": args.get("env_id"),
-        "lag": int(args.get("lag", 0)),
-        "lag_mode": args.get("lag_mode", "uniform"),
-        "seed": int(args.get("seed", 0)),
-        "finished": summary is not None,
-        "run_dir": str(run_dir),
-        "last_step": last_step,
-        "n_returns": int(series["episodic_return"].notna().sum()) if "episodic_return" in series else 0,
-        "final_return": window_mean(series["episodic_return"], last_step) if "episodic_return" in series else float("nan"),
-    }
-    for name in (
-        "final_tv",
-        "backward_tv",
-        "staleness_mean",
-        "vaco_filter_frac",
-        "vaco_over_budget_frac",
-        "vaco_tv",
-        "clipfrac",
-        "ratio_dev",
-        "sps",
-    ):
-        if name in series:
-            row[name] = window_mean(series[name], last_step)
-    row["eval_return"] = float(evals.mean()) if evals is not None and len(evals) else float("nan")
-    if summary:
+    events = read_event_scalars(run_dir)
+    scalars = {}
+    for tag, col in RECORD_TAGS.items():
+        if tag in events:
+            scalars[col] = dict(events[tag])  # a repeated step keeps its last value
+    evals = [v for _, v in events.get("eval/episodic_return", [])]
+    return make_record(run_dir.name, args, summary, scalars, evals)
+
+
+def write_record(record: dict, path) -> Path:
+    """gzip'd JSON, byte-reproducible (no timestamp in the gzip header); written to a temp file, then renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(record, separators=(",", ":"), sort_keys=False).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        f.write(data)
+    tmp.replace(path)
+    return path
+
+
+def read_record(path) -> dict:
+    with gzip.open(path, "rt") as f:
+        record = json.load(f)
+    if record.get("format") != RECORD_FORMAT:
+        raise ValueError(f"{path}: not a run record (format {record.get('format')!r})")
+    return record
+
+
+def records_from_legacy(folder: Path) -> list[dict]:
+    """Records from a folder written by the earlier aggregate (runs.csv: per step, final.csv: per run)."""
+    final = pd.read_csv(folder / "final.csv")
+    runs = pd.read_csv(folder / "runs.csv")
+    arg_cols = ["total_timesteps", "num_envs", "num_steps", "tv_threshold", "rho_bar", "c_bar", "realign", "filter"]
+    out = []
+    for _, row in final.iterrows():
+        args = {"exp_name": row["exp_name"], "env_id": row["task"], "lag": int(row["lag"]), "seed": int(row["seed"])}
+        args["lag_mode"] = row["lag_mode"]
+        args.update(
+            {c: row[c].item() if hasattr(row[c], "item") else row[c] for c in arg_cols if c in row and pd.notna(row[c])}
+        )
+        summary = {"global_step": int(row["last_step"])}
         for key in ("final_return", "final_tv", "sps", "eval_return", "rollout_seconds", "update_seconds"):
-            v = summary.get(key)
-            row[f"summary_{key}"] = float(v) if v is not None else float("nan")
-        row["_mtime"] = summary_path.stat().st_mtime
-    for key in (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "tv_threshold",
-        "rho_bar",
-        "c_bar",
-        "realign",
-        "filter",
-        "clip_coef",
-        "exp_name",
-    ):
-        if key in args:
-            row[key] = args[key]
-    tidy = wide.reset_index()
-    for key in ("algo", "task", "lag", "lag_mode", "seed"):
-        tidy.insert(0 if key == "algo" else tidy.columns.get_loc("step"), key, row[key])
-    tidy.insert(0, "run_dir", str(run_dir))
+            if f"summary_{key}" in row and pd.notna(row[f"summary_{key}"]):
+                summary[key] = float(row[f"summary_{key}"])
+        r = runs[runs["run_dir"] == row["run_dir"]]
+        scalars = {c: dict(zip(r["step"].astype(int), r[c])) for c in RECORD_COLUMNS if c in r and r[c].notna().any()}
+        scalars = {c: {s: v for s, v in d.items() if pd.notna(v)} for c, d in scalars.items()}
+        rec = make_record(Path(row["run_dir"]).name, args, summary if row["finished"] else None, scalars, [], row["algo"])
+        if rec["finished"] and pd.notna(row.get("eval_return")):
+            rec["summary"].setdefault("eval_return", _clean(row["eval_return"]))
+        out.append(rec)
+    return out
+
+
+def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
+    """Every run record found under `sources` (record files, folders of them, run folders, legacy folders)."""
+    records, unfinished = [], []
+    for src in map(Path, sources):
+        if not src.exists():
+            log(f"warning: {src} does not exist; skipped")
+            continue
+        files = [src] if src.is_file() else sorted(src.rglob("*.json.gz"))
+        for f in files:
+            try:
+                records.append(read_record(f))
+            except (OSError, ValueError) as e:
+                log(f"warning: cannot read {f}: {e}")
+        if src.is_dir():
+            for legacy in sorted({p.parent for p in src.rglob("final.csv") if (p.parent / "runs.csv").exists()}):
+                head = pd.read_csv(legacy / "final.csv", comment="#", nrows=0).columns
+                if {"run_dir", "exp_name", "last_step", "finished"} <= set(head):  # this tool's own output is not a source
+                    records += records_from_legacy(legacy)
+            for run_dir in sorted({p.parent for p in src.rglob("args.json")}):
+                try:
+                    records.append(record_from_run_dir(run_dir))
+                except Exception as e:  # a broken folder should not stop the aggregation
+                    log(f"warning: cannot read {run_dir}: {type(e).__name__}: {e}")
+    kept = []
+    for r in records:
+        (kept if include_unfinished or r["finished"] else unfinished).append(r)
+    if unfinished:
+        log(f"note: {len(unfinished)} unfinished run(s) left out, e.g. {unfinished[0]['name']}")
+    return kept
+
+
+# ----------------------------------------------------------------------------------------------- tables of runs
+
+
+def window_mean(steps: np.ndarray, values: np.ndarray, last_step: float) -> float:
+    ok = np.isfinite(values)
+    steps, values = steps[ok], values[ok]
+    if len(values) == 0:
+        return float("nan")
+    w = values[steps > (1 - FINAL_FRACTION) * last_step]
+    return float(w.mean()) if len(w) else float(values[-1])
+
+
+def record_frames(rec: dict) -> tuple[dict, pd.DataFrame]:
+    """(one final.csv row without normalisation, the run's tidy per-step rows)."""
+    cols = rec["scalars"]
+    tidy = pd.DataFrame({k: np.asarray([np.nan if v is None else v for v in vals], float) for k, vals in cols.items()})
+    steps = tidy["step"].to_numpy(float) if len(tidy) else np.zeros(0)
+    summary = rec.get("summary") or {}
+    last_step = float(summary.get("global_step") or (steps.max() if len(steps) else np.nan))
+    row = {key: rec[key] for key in ("algo", "task", "lag", "lag_mode", "seed")}
+    row["source"] = rec["name"]
+    row["last_step"] = last_step
+    ret = tidy["episodic_return"].to_numpy(float) if "episodic_return" in tidy else np.zeros(0)
+    row["n_returns"] = int(np.isfinite(ret).sum())
+    row["final_return"] = window_mean(steps, ret, last_step)
+    for col in RECORD_COLUMNS[1:]:
+        if col in tidy:
+            row[col] = window_mean(steps, tidy[col].to_numpy(float), last_step)
+    evals = [v for v in rec.get("eval_returns") or [] if v is not None]
+    row["eval_return"] = float(np.mean(evals)) if evals else float(summary.get("eval_return") or np.nan)
+    row["sps"] = float(summary.get("sps") or np.nan)
+    row["finished"] = rec["finished"]
+    for key in ("total_timesteps", "num_envs", "num_steps", "tv_threshold", "rho_bar"):
+        if key in rec["args"]:
+            row[key] = rec["args"][key]
+    for key, value in (("algo", row["algo"]), ("task", row["task"]), ("lag", row["lag"]), ("seed", row["seed"])):
+        tidy.insert(0, key, value)
+    tidy.insert(0, "source", rec["name"])
     return row, tidy
+
+
+def build_tables(records, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if not records:
+        raise SystemExit("error: no finished runs found")
+    rows, tidies = zip(*(record_frames(r) for r in records))
+    final = pd.DataFrame(list(rows))
+    key = ["algo", "task", "lag", "seed"]
+    dup = final.duplicated(key, keep="first")
+    if dup.any():  # the same run as a record and as a run folder, or run twice
+        first = final[~dup].set_index(key)["final_return"]
+        for _, r in final[dup].iterrows():
+            other = first.loc[tuple(r[key])]
+            if not np.isclose(other, r["final_return"], rtol=1e-5, equal_nan=True):
+                log(
+                    f"warning: two different runs of {tuple(r[key])}: final scores {other:g} and {r['final_return']:g}; kept the first"
+                )
+        keep_sources = set(final.loc[~dup, "source"])
+        final = final[~dup]
+        tidies = [t for t in tidies if len(t) == 0 or t["source"].iloc[0] in keep_sources]
+    final = final.sort_values(key).reset_index(drop=True)
+    runs = pd.concat(tidies, ignore_index=True) if tidies else pd.DataFrame()
+    runs = runs.drop_duplicates(["algo", "task", "lag", "seed", "step"]).sort_values(["algo", "task", "lag", "seed", "step"])
+    return final, runs.reset_index(drop=True)
 
 
 def load_reference(path) -> pd.DataFrame:
@@ -244,41 +380,47 @@ def normalise(scores, tasks, ref: pd.DataFrame | None):
     return (scores - lo) / (hi - lo)
 
 
-def load_all(roots, include_unfinished=False, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rows, tidies, skipped = [], [], []
-    for d in find_run_dirs(roots):
-        if not include_unfinished and not (d / "summary.json").exists():
-            skipped.append(d)
-            continue
-        try:
-            row, tidy = load_run(d)
-        except Exception as e:  # a broken folder should not stop the aggregation
-            log(f"warning: cannot read {d}: {type(e).__name__}: {e}")
-            continue
-        rows.append(row)
-        tidies.append(tidy)
-    if skipped:
-        log(f"note: {len(skipped)} unfinished run(s) (no summary.json) left out, e.g. {skipped[0]}")
-    if not rows:
-        raise SystemExit(f"error: no {'runs' if include_unfinished else 'finished runs'} found under {list(map(str, roots))}")
-    final = pd.DataFrame(rows)
-    key = ["algo", "task", "lag", "seed"]
-    if "_mtime" in final:
-        final = final.sort_values("_mtime", na_position="first")
-    dup = final.duplicated(key, keep="last")
-    if dup.any():
-        log(f"warning: {int(dup.sum())} duplicate run(s) of the same (algo, task, lag, seed); keeping the newest:")
-        for d in final.loc[dup, "run_dir"]:
-            log(f"  dropped {d}")
-        final = final[~dup]
-    final = final.drop(columns=["_mtime"], errors="ignore").sort_values(key).reset_index(drop=True)
-    runs = pd.concat(tidies, ignore_index=True)
-    runs = runs[runs["run_dir"].isin(final["run_dir"])]
-    runs = runs.sort_values(["algo", "task", "lag", "seed", "step"]).reset_index(drop=True)
-    return final, runs
-
-
 # ----------------------------------------------------------------------------------------------- statistics
+
+
+def t_interval(values, confidence=0.95) -> tuple[float, float, int]:
+    """(mean, half-width of the Student-t interval, n) of the finite values; half-width NaN for n < 2."""
+    from scipy import stats
+
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n == 1:
+        return float(v[0]), float("nan"), 1
+    t = stats.t.ppf(0.5 + confidence / 2, n - 1)
+    return float(v.mean()), float(t * v.std(ddof=1) / np.sqrt(n)), n
+
+
+def iqm(x, axis=-1):
+    """Interquartile mean along `axis`: drop int(n/4) values at each end of the sorted values, average the rest
+    (scipy.stats.trim_mean(x, 0.25), rliable's aggregate_iqm)."""
+    a = np.sort(np.asarray(x, float), axis=axis)
+    n = a.shape[axis]
+    k = int(0.25 * n)
+    return np.take(a, range(k, n - k), axis=axis).mean(axis=axis)
+
+
+def stratified_bootstrap(cells, stat, reps=5000, seed=0, confidence=0.95):
+    """Point estimate and percentile interval of `stat` under a stratified bootstrap.
+
+    cells: list of 1-D arrays (the strata: the runs of one task, or of one (algorithm, lag, task) cell); each
+    replicate resamples every cell with replacement, independently, keeping its size. stat: a function of a list
+    of (reps, n_i) arrays returning an array of shape (reps,) or (reps, k). Returns (point, low, high)."""
+    cells = [np.asarray(c, float) for c in cells]
+    point = np.asarray(stat([c[None, :] for c in cells]))[0]
+    rng = np.random.default_rng(seed)
+    samples = [c[rng.integers(0, len(c), size=(reps, len(c)))] for c in cells]
+    dist = np.asarray(stat(samples))
+    alpha = (1 - confidence) / 2 * 100
+    low, high = np.percentile(dist, [alpha, 100 - alpha], axis=0)
+    return point, low, high
 
 
 def score_matrix(df: pd.DataFrame, column: str, warn=None):
@@ -287,79 +429,40 @@ def score_matrix(df: pd.DataFrame, column: str, warn=None):
     per_task = [df[df["task"] == t].sort_values("seed")[column].to_numpy(float) for t in tasks]
     n = min(len(x) for x in per_task)
     if warn and any(len(x) != n for x in per_task):
-        warn(f"unequal runs per task ({dict(zip(tasks, map(len, per_task)))}); using {n} per task")
+        warn(f"unequal runs per task ({dict(zip(tasks, map(len, per_task)))}); using the {n} lowest seeds per task")
     return np.stack([x[:n] for x in per_task], axis=1), tasks
 
 
-def _interval(score_dict, func, reps, seed):
-    from rliable import library as rly
-
-    # rliable 1.2's StratifiedBootstrap draws its resamples from NumPy's *global* RNG (random_state only reaches
-    # arch, which does not use it for them), so the global RNG is seeded here, per call, and restored after.
-    saved = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # arch: "random_state is deprecated"
-            point, ci = rly.get_interval_estimates(score_dict, func, reps=reps, random_state=np.random.RandomState(seed))
-    finally:
-        np.random.set_state(saved)
-    return point, ci
+def _aggregates(cells):
+    """[IQM, mean, median, optimality gap] over the runs of all tasks; cells: one (reps, n) array per task."""
+    x = np.concatenate(cells, axis=1)  # reps x (runs of all tasks)
+    task_means = np.stack([c.mean(axis=1) for c in cells], axis=1)
+    return np.stack(
+        [iqm(x), task_means.mean(axis=1), np.median(task_means, axis=1), 1.0 - np.minimum(x, 1.0).mean(axis=1)], axis=1
+    )
 
 
-def _iqm(x: np.ndarray, axis=None):
-    """scipy.stats.trim_mean(x, 0.25, axis) (= rliable's aggregate_iqm for axis=None), with a plain sort."""
-    a = np.sort(x, axis=None) if axis is None else np.sort(x, axis=axis)
-    n = a.shape[0]
-    k = int(0.25 * n)
-    return a[k : n - k].mean(axis=0)
-
-
-def aggregate_metrics(x: np.ndarray) -> np.ndarray:
-    """[median, IQM, mean, optimality gap (gamma=1)] of a (runs x tasks) matrix, as rliable.metrics defines them
-    (aggregate_median / _iqm / _mean / _optimality_gap), written with plain NumPy because scipy's trim_mean
-    dominated the bootstrap's run time; tests/test_tooling.py checks they equal rliable's."""
-    task_means = x.mean(axis=0)
-    return np.array([np.median(task_means), _iqm(x), task_means.mean(), 1.0 - np.minimum(x, 1.0).mean()])
-
-
-def iqm_only(x: np.ndarray) -> np.ndarray:
-    return np.array([_iqm(x)])
-
-
-def iqm_per_point(x: np.ndarray) -> np.ndarray:
-    """IQM at every curve point of a (runs x tasks x points) array (rliable's aggregate_iqm per point)."""
-    return _iqm(x.reshape(-1, x.shape[-1]), axis=0)
+AGG_METRICS = ("iqm", "mean", "median", "optimality_gap")
 
 
 def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.DataFrame:
+    """Per (algo, lag): IQM / mean / median / optimality gap of the normalised final score, stratified bootstrap."""
     rows = []
     for (algo, lag), df in final.groupby(["algo", "lag"], sort=True):
-        if not np.isfinite(df["normalized_score"]).all():
-            log(
-                f"warning: {algo} lag {lag}: runs without any episodic return left out: "
-                f"{list(df.loc[~np.isfinite(df['normalized_score']), 'run_dir'])}"
-            )
-            df = df[np.isfinite(df["normalized_score"])]
+        df = df[np.isfinite(df["normalized_score"])]
         if df.empty:
             continue
-        warn = lambda m: log(f"warning: {algo} lag {lag}: {m}")  # noqa: E731
-        x, tasks = score_matrix(df, "normalized_score", warn)
-        point, ci = _interval({algo: x}, aggregate_metrics, reps, seed)
-        entries = list(zip(METRICS, point[algo], ci[algo][0], ci[algo][1]))
-        if "auc" in df and np.isfinite(df["auc"]).all():
-            a, _ = score_matrix(df, "auc")
-            p2, c2 = _interval({algo: a}, iqm_only, reps, seed)
-            entries.append(("auc_iqm", p2[algo][0], c2[algo][0][0], c2[algo][1][0]))
-        for metric, p, lo, hi in entries:
+        x, tasks = score_matrix(df, "normalized_score", lambda m: log(f"warning: {algo} lag {lag}: {m}"))
+        point, low, high = stratified_bootstrap(list(x.T), _aggregates, reps, seed)
+        for i, metric in enumerate(AGG_METRICS):
             rows.append(
                 {
                     "algo": algo,
                     "lag": lag,
                     "metric": metric,
-                    "estimate": p,
-                    "ci_low": lo,
-                    "ci_high": hi,
+                    "estimate": point[i],
+                    "ci_low": low[i],
+                    "ci_high": high[i],
                     "n_tasks": x.shape[1],
                     "runs_per_task": x.shape[0],
                     "tasks": " ".join(tasks),
@@ -368,212 +471,145 @@ def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.
     return pd.DataFrame(rows)
 
 
-def curve_grid(final: pd.DataFrame, points: int, log=print) -> np.ndarray:
-    horizon = float(final["last_step"].min())
-    if final["last_step"].max() > 1.1 * horizon:
-        log(f"note: runs have different lengths; learning curves are cut at the shortest ({horizon:,.0f} steps)")
-    return np.linspace(horizon / points, horizon, points)
-
-
-def run_curves(final: pd.DataFrame, runs: pd.DataFrame, grid: np.ndarray, ref) -> dict[str, np.ndarray]:
-    """run_dir -> normalised return interpolated on `grid` (raw return if ref is None)."""
-    out = {}
-    for (run, task), df in runs.groupby(["run_dir", "task"]):
-        d = df[["step", "episodic_return"]].dropna() if "episodic_return" in df else df.iloc[:0]
-        if d.empty:
-            continue
-        raw = np.interp(grid, d["step"].to_numpy(float), d["episodic_return"].to_numpy(float))
-        out[run] = normalise(raw, [task] * len(grid), ref)
-    return out
-
-
-def curve_table(final: pd.DataFrame, curves: dict, grid: np.ndarray, reps: int, seed: int) -> pd.DataFrame:
+def per_task_table(final: pd.DataFrame) -> pd.DataFrame:
+    """Per (algo, task, lag): runs, mean return, normalised score, final TV, eval return, each mean ± t half-width."""
     rows = []
-    final = final[final["run_dir"].isin(curves)]
-    for (algo, lag), df in final.groupby(["algo", "lag"], sort=True):
-        tasks = sorted(df["task"].unique())
-        per_task = [[curves[r] for r in df[df["task"] == t].sort_values("seed")["run_dir"]] for t in tasks]
-        n = min(len(c) for c in per_task)
-        x = np.stack([np.stack(c[:n]) for c in per_task], axis=1)  # runs x tasks x points
-        point, ci = _interval({algo: x}, iqm_per_point, reps, seed)
-        for i, step in enumerate(grid):
-            rows.append(
-                {
-                    "algo": algo,
-                    "lag": lag,
-                    "step": step,
-                    "iqm": point[algo][i],
-                    "ci_low": ci[algo][0][i],
-                    "ci_high": ci[algo][1][i],
-                }
-            )
+    for (algo, task, lag), df in final.groupby(["algo", "task", "lag"], sort=True):
+        row = {"algo": algo, "task": task, "lag": lag, "runs": len(df)}
+        for col in ("final_return", "normalized_score", "final_tv", "backward_tv", "eval_return", "sps"):
+            if col in df:
+                m, h, n = t_interval(df[col])
+                row[f"{col}_mean"], row[f"{col}_ci95"] = m, h
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def per_task_table(final: pd.DataFrame) -> pd.DataFrame:
-    g = final.groupby(["algo", "task", "lag"])
-    out = g["final_return"].agg(runs="count", return_mean="mean", return_std="std", return_median="median")
-    if "final_tv" in final:
-        out["final_tv_mean"] = g["final_tv"].mean()
-    out["normalized_mean"] = g["normalized_score"].mean()
-    return out.reset_index()
+def _cells(final, algo, lag, tasks, column="normalized_score"):
+    return [
+        final[(final.algo == algo) & (final.lag == lag) & (final.task == t)][column].dropna().to_numpy(float) for t in tasks
+    ]
 
 
-# ----------------------------------------------------------------------------------------------- plots
+def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
+    """Per task and pooled (mean over tasks): sum of sign x mean(cell) over `terms` [(sign, algo, lag), ...],
+    with a stratified-bootstrap interval (each (algo, lag, task) cell resampled on its own). Tasks missing any
+    cell are left out."""
+    tasks = [t for t in sorted(final["task"].unique()) if all(len(_cells(final, a, k, [t])[0]) for _, a, k in terms)]
+    if not tasks:
+        return []
+    cells, signs = [], []
+    for t in tasks:
+        for sign, algo, lag in terms:
+            cells += _cells(final, algo, lag, [t])
+            signs.append(sign)
+    nt = len(terms)
+
+    def stat(samples):
+        means = np.stack([s.mean(axis=1) for s in samples], axis=1) * np.asarray(signs)
+        per_task = means.reshape(means.shape[0], len(tasks), nt).sum(axis=2)
+        return np.concatenate([per_task, per_task.mean(axis=1, keepdims=True)], axis=1)
+
+    point, low, high = stratified_bootstrap(cells, stat, reps, seed)
+    runs = [len(c) for c in cells]
+    rows = []
+    for i, task in enumerate([*tasks, "pooled"]):
+        n = runs[i * nt : (i + 1) * nt] if task != "pooled" else runs
+        rows.append(
+            {
+                "measure": name,
+                **(extra or {}),
+                "task": task,
+                "estimate": point[i],
+                "ci_low": low[i],
+                "ci_high": high[i],
+                "min_runs_per_cell": min(n),
+            }
+        )
+    return rows
+
+
+def degradation_table(final, reps, seed, base="ppo", lo=LAG_LO, hi=LAG_HI) -> pd.DataFrame:
+    """Each algorithm's degradation (X[hi] - X[lo]) and its difference from the base's: (X[hi]-X[lo]) - (B[hi]-B[lo])."""
+    rows = []
+    algos = [a for a in sorted(final["algo"].unique()) if {lo, hi} <= set(final[final.algo == a]["lag"])]
+    for a in algos:
+        rows += difference_table(final, [(1, a, hi), (-1, a, lo)], "degradation", reps, seed, {"algo": a, "vs": ""})
+        b = base + (a[a.index("[") :] if "[" in a else "")  # compared with the base run in the same lag mode
+        if a != b and b in algos:
+            terms = [(1, a, hi), (-1, a, lo), (-1, b, hi), (1, b, lo)]
+            rows += difference_table(final, terms, "degradation_difference", reps, seed, {"algo": a, "vs": b})
+    return pd.DataFrame(rows)
 
 
 def is_ablation(label: str) -> bool:
     return label.startswith("vaco-")
 
 
-def colors_for(labels) -> dict[str, str]:
-    import matplotlib.pyplot as plt
-
-    cycle = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if c not in MAIN_COLORS.values()]
-    cycle += ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39"]
-    out, i = {}, 0
-    for label in labels:
-        base = label.split("[")[0]
-        if base in MAIN_COLORS and base == label:
-            out[label] = MAIN_COLORS[base]
-        else:
-            out[label] = cycle[i % len(cycle)]
-            i += 1
-    return out
-
-
-def _lag_axis(ax, lags):
-    ax.set_xticks(range(len(lags)))
-    ax.set_xticklabels([str(k) for k in lags])
-    ax.set_xlabel("lag K (policy-buffer staleness)")
-
-
-def plot_metric_vs_lag(agg: pd.DataFrame, labels, lags, colors, metrics, path, title, ylabel="normalised score"):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        for j, label in enumerate(labels):
-            d = agg[(agg["algo"] == label) & (agg["metric"] == metric)].set_index("lag").reindex(lags)
-            x = np.arange(len(lags)) + (j - (len(labels) - 1) / 2) * 0.04
-            ax.plot(x, d["estimate"], "o-", color=colors[label], label=label, lw=1.8, ms=4)
-            ax.fill_between(x, d["ci_low"], d["ci_high"], color=colors[label], alpha=0.15, lw=0)
-            ax.errorbar(
-                x,
-                d["estimate"],
-                yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
-                fmt="none",
-                ecolor=colors[label],
-                alpha=0.6,
-                capsize=2,
+def ablation_table(final, reps, seed, lag=LAG_HI) -> pd.DataFrame:
+    """Each VACO ablation's effect at `lag`: ablation - VACO (normalised final score), per task and pooled."""
+    rows = []
+    for a in sorted(final["algo"].unique()):
+        if is_ablation(a) and lag in set(final[final.algo == a]["lag"]):
+            rows += difference_table(
+                final, [(1, a, lag), (-1, "vaco", lag)], "ablation_effect", reps, seed, {"algo": a, "lag": lag}
             )
-        _lag_axis(ax, lags)
-        ax.set_title(METRIC_TITLES.get(metric, metric) + (" (lower is better)" if metric == "optimality_gap" else ""))
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=8, loc="best")
-    _suptitle(fig, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return pd.DataFrame(rows)
 
 
-def plot_intervals(agg: pd.DataFrame, labels, lags, colors, path):
-    """rliable-style interval plot: rows = lags, columns = the four metrics, one bar (95% CI) per algorithm."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        len(lags), 4, figsize=(14, 0.45 * len(labels) * len(lags) + 1.2 * len(lags) + 0.5), squeeze=False, sharex="col"
-    )
-    for r, lag in enumerate(lags):
-        for c, metric in enumerate(METRICS):
-            ax = axes[r][c]
-            for i, label in enumerate(labels):
-                d = agg[(agg["algo"] == label) & (agg["metric"] == metric) & (agg["lag"] == lag)]
-                if d.empty:
-                    continue
-                d = d.iloc[0]
-                ax.barh(i, d["ci_high"] - d["ci_low"], left=d["ci_low"], height=0.6, color=colors[label], alpha=0.75)
-                ax.vlines(d["estimate"], i - 0.3, i + 0.3, color="k", lw=1.5)
-            ax.set_yticks(range(len(labels)))
-            ax.set_yticklabels(labels if c == 0 else [])
-            ax.grid(axis="x", alpha=0.3)
-            if r == 0:
-                ax.set_title(METRIC_TITLES[metric])
-            if c == 0:
-                ax.set_ylabel(f"lag {lag}")
-    for ax in axes[-1]:
-        ax.set_xlabel("normalised score")
-    _suptitle(fig, "Aggregate metrics with 95% stratified-bootstrap CIs (bar = CI, tick = point estimate)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+# ----------------------------------------------------------------------------------------------- curves
 
 
-def plot_iqm_curves(curves: pd.DataFrame, labels, lags, colors, path, title):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(lags), figsize=(3.8 * len(lags), 3.4), squeeze=False, sharey=True)
-    for ax, lag in zip(axes[0], lags):
-        for label in labels:
-            d = curves[(curves["algo"] == label) & (curves["lag"] == lag)]
-            if d.empty:
-                continue
-            ax.plot(d["step"], d["iqm"], color=colors[label], label=label, lw=1.6)
-            ax.fill_between(d["step"], d["ci_low"], d["ci_high"], color=colors[label], alpha=0.15, lw=0)
-        ax.set_title(f"lag {lag}")
-        ax.set_xlabel("environment steps")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("IQM normalised return")
-    axes[0][-1].legend(fontsize=8)
-    _suptitle(fig, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def curve_steps(runs_of_group: list[pd.DataFrame], max_points: int) -> np.ndarray:
+    """The steps at which every run of the group logged a return, thinned evenly to at most max_points."""
+    common = None
+    for d in runs_of_group:
+        s = set(d.loc[d["episodic_return"].notna(), "step"].astype(int)) if "episodic_return" in d else set()
+        common = s if common is None else common & s
+    steps = np.array(sorted(common or []))
+    if len(steps) > max_points:
+        steps = steps[np.unique(np.round(np.linspace(0, len(steps) - 1, max_points)).astype(int))]
+    return steps
 
 
-def plot_task_curves(final, runs, labels, lags, colors, grid, path):
-    """Raw episodic return per task (rows) and lag (columns): mean over seeds +- one standard error."""
-    import matplotlib.pyplot as plt
-
-    tasks = sorted(final["task"].unique())
-    fig, axes = plt.subplots(len(tasks), len(lags), figsize=(3.6 * len(lags), 2.8 * len(tasks)), squeeze=False, sharey="row")
-    curves = run_curves(final, runs, grid, None)
-    for r, task in enumerate(tasks):
-        for c, lag in enumerate(lags):
-            ax = axes[r][c]
-            for label in labels:
-                names = final[(final["algo"] == label) & (final["task"] == task) & (final["lag"] == lag)]["run_dir"]
-                ys = [curves[n] for n in names if n in curves]
-                if not ys:
-                    continue
-                y = np.stack(ys)
-                m = y.mean(0)
-                se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(m)
-                ax.plot(grid, m, color=colors[label], label=f"{label} (n={len(y)})", lw=1.4)
-                ax.fill_between(grid, m - se, m + se, color=colors[label], alpha=0.15, lw=0)
-            if r == 0:
-                ax.set_title(f"lag {lag}")
-            if c == 0:
-                ax.set_ylabel(f"{task}\nepisodic return")
-            if r == len(tasks) - 1:
-                ax.set_xlabel("environment steps")
-            ax.grid(alpha=0.3)
-            if r == 0 and c == len(lags) - 1:
-                ax.legend(fontsize=7)
-    _suptitle(fig, "Training episodic return per task: mean over seeds ± 1 standard error")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def curve_table(final, runs, ref, max_points, reps, seed, log=print) -> pd.DataFrame:
+    """IQM of the normalised training return at logged steps, per (algo, lag), stratified-bootstrap CI."""
+    rows = []
+    for (algo, lag), df in final.groupby(["algo", "lag"], sort=True):
+        tasks = sorted(df["task"].unique())
+        per_task = [df[df.task == t].sort_values("seed") for t in tasks]
+        n = min(len(p) for p in per_task)
+        group = [
+            runs[(runs.algo == algo) & (runs.lag == lag) & (runs.task == t) & (runs.seed == s)]
+            for p in per_task
+            for t, s in zip(p.task[:n], p.seed[:n])
+        ]
+        steps = curve_steps(group, max_points)
+        if not len(steps):
+            log(f"note: {algo} lag {lag}: no step at which every run logged a return; no curve")
+            continue
+        cells = []
+        for i, t in enumerate(tasks):
+            vals = [g.set_index("step")["episodic_return"].reindex(steps).to_numpy(float) for g in group[i * n : (i + 1) * n]]
+            cells.append(normalise(np.stack(vals), [t] * len(steps), ref) if ref is not None else np.stack(vals))
+        point, low, high = stratified_bootstrap_curves(cells, reps, seed)
+        rows += [
+            {"algo": algo, "lag": lag, "step": int(s), "iqm": p, "ci_low": a, "ci_high": b, "runs": n * len(tasks)}
+            for s, p, a, b in zip(steps, point, low, high)
+        ]
+    return pd.DataFrame(rows)
 
 
-def _mean_ci(v):
-    v = np.asarray(v, float)
-    v = v[np.isfinite(v)]
-    if len(v) == 0:
-        return np.nan, np.nan
-    half = 1.96 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
-    return v.mean(), half
+def stratified_bootstrap_curves(cells, reps, seed):
+    """cells: one (runs, points) array per task; IQM over all runs at each point, runs resampled within tasks."""
+    rng = np.random.default_rng(seed)
+    point = iqm(np.concatenate(cells, axis=0), axis=0)
+    draws = np.concatenate([c[rng.integers(0, len(c), size=(reps, len(c)))] for c in cells], axis=1)  # reps x runs x points
+    dist = iqm(draws, axis=1)
+    low, high = np.percentile(dist, [2.5, 97.5], axis=0)
+    return point, low, high
+
+
+# ----------------------------------------------------------------------------------------------- verdict
 
 
 def delta_of(final: pd.DataFrame, label: str) -> float:
@@ -583,127 +619,420 @@ def delta_of(final: pd.DataFrame, label: str) -> float:
     return VACO_DEFAULTS["tv_threshold"] if label.startswith("vaco") else float("nan")
 
 
+def verdict_table(final, agg, deg, per_task, lo=LAG_LO, hi=LAG_HI) -> tuple[pd.DataFrame, str]:
+    """The pre-registered criteria (supporting / refuting) evaluated on the results, and the overall verdict:
+    'supported' if every supporting criterion holds and no refuting one, 'refuted' if any refuting one holds,
+    'inconclusive' otherwise (also when a criterion cannot be evaluated)."""
+    rows = []
+
+    def add(kind, criterion, value, holds):
+        rows.append({"kind": kind, "criterion": criterion, "value": value, "holds": holds})
+
+    d = deg[(deg.measure == "degradation_difference") & (deg.algo == "vaco") & (deg.vs == "ppo")] if len(deg) else deg
+    pooled = d[d.task == "pooled"].iloc[0] if len(d) and (d.task == "pooled").any() else None
+    tasks = d[d.task != "pooled"] if len(d) else d
+    name = f"(VACO {hi} - VACO {lo}) - (PPO {hi} - PPO {lo})"
+    if pooled is not None:
+        add(
+            "supporting",
+            f"pooled {name}: 95% interval above 0",
+            f"{pooled.estimate:+.3f} [{pooled.ci_low:+.3f}, {pooled.ci_high:+.3f}]",
+            bool(pooled.ci_low > 0),
+        )
+    else:
+        add("supporting", f"pooled {name}: 95% interval above 0", "missing runs", None)
+    if len(tasks) >= 2:
+        signs = np.sign(tasks.estimate.to_numpy())
+        text = ", ".join(f"{r.task} {r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]" for r in tasks.itertuples())
+        add("supporting", "same sign on every task (in VACO's favour)", text, bool((signs > 0).all()))
+    else:
+        add("supporting", "same sign on every task (in VACO's favour)", "fewer than 2 tasks", None)
+    iq = agg[(agg.metric == "iqm") & (agg.lag == hi)].set_index("algo") if len(agg) else None
+    if iq is not None and {"vaco", "ppo"} <= set(iq.index):
+        v, p = iq.loc["vaco"], iq.loc["ppo"]
+        text = f"VACO {v.estimate:.3f} [{v.ci_low:.3f}, {v.ci_high:.3f}] vs PPO {p.estimate:.3f} [{p.ci_low:.3f}, {p.ci_high:.3f}]"
+        add("supporting", f"VACO's lag-{hi} IQM above PPO's", text, bool(v.estimate > p.estimate))
+    else:
+        v = p = None
+        add("supporting", f"VACO's lag-{hi} IQM above PPO's", "missing runs", None)
+    delta = delta_of(final, "vaco")
+    half = delta / 2
+    tv = (
+        per_task[(per_task.algo == "vaco") & (per_task.lag.isin(TV_LAGS))]
+        if "final_tv_mean" in per_task
+        else per_task.iloc[:0]
+    )
+    crit = f"VACO's final TV within ±{TV_TOLERANCE:.0%} of δ/2 = {half:g} at lags {', '.join(map(str, TV_LAGS))} (every task)"
+    if len(tv) and set(tv.lag) == set(TV_LAGS):
+        near = (tv.final_tv_mean - half).abs() <= TV_TOLERANCE * half
+        text = ", ".join(f"{r.task} lag {r.lag}: {r.final_tv_mean:.3f}" for r in tv.itertuples())
+        add("supporting", crit, text, bool(near.all()))
+    else:
+        add("supporting", crit, "missing runs", None)
+    if pooled is not None:
+        add("refuting", f"pooled {name} ≤ 0", f"{pooled.estimate:+.3f}", bool(pooled.estimate <= 0))
+    else:
+        add("refuting", f"pooled {name} ≤ 0", "missing runs", None)
+    if v is not None:
+        add(
+            "refuting",
+            f"VACO below PPO at lag {hi} (IQM)",
+            f"{v.estimate:.3f} vs {p.estimate:.3f}",
+            bool(v.estimate < p.estimate),
+        )
+    else:
+        add("refuting", f"VACO below PPO at lag {hi} (IQM)", "missing runs", None)
+    table = pd.DataFrame(rows)
+    sup, ref = table[table.kind == "supporting"].holds, table[table.kind == "refuting"].holds
+    if any(h is True for h in ref):
+        verdict = "refuted"
+    elif all(h is True for h in sup) and all(h is False for h in ref):
+        verdict = "supported"
+    else:
+        verdict = "inconclusive"
+    return table, verdict
+
+
+def _ci(r) -> str:
+    return f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+
+
+def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
+    """The tables a reading of the grid needs: IQM per lag, the degradation differences, the ablations, final TV."""
+    lines = []
+    if len(agg):
+        iq = agg[agg.metric == "iqm"]
+        lags = sorted(iq.lag.unique())
+        lines += [f"IQM of the final score ({norm}), 95% stratified-bootstrap interval (runs per task in brackets):", ""]
+        lines += ["| algorithm | " + " | ".join(f"lag {k}" for k in lags) + " |", "|---|" + "---|" * len(lags)]
+        for algo in order_labels(iq.algo.unique()):
+            cells = []
+            for k in lags:
+                r = iq[(iq.algo == algo) & (iq.lag == k)]
+                cells.append(f"{_ci(r.iloc[0])} ({r.iloc[0].runs_per_task})" if len(r) else "")
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        lines.append("")
+    dd = deg[deg.measure == "degradation_difference"] if len(deg) else deg
+    if len(dd):
+        lines += [
+            f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}):",
+            "",
+        ]
+        tasks = [t for t in dd.task.unique() if t != "pooled"] + ["pooled"]
+        lines += ["| algorithm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for algo in order_labels(dd.algo.unique()):
+            d = dd[dd.algo == algo].set_index("task")
+            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+        lines.append("")
+    if len(abl):
+        lines += [f"Ablations at lag {LAG_HI}, ablation − VACO:", ""]
+        tasks = [t for t in abl.task.unique() if t != "pooled"] + ["pooled"]
+        lines += ["| ablation | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for algo in sorted(abl.algo.unique()):
+            d = abl[abl.algo == algo].set_index("task")
+            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+        lines.append("")
+    if "final_tv_mean" in per_task and per_task.final_tv_mean.notna().any():
+        lines += ["Final TV (mean over the last 10% of steps), mean ± 95% t half-width over runs:", ""]
+        lags = sorted(per_task.lag.unique())
+        lines += ["| algorithm | task | " + " | ".join(f"lag {k}" for k in lags) + " |", "|---|---|" + "---|" * len(lags)]
+        for algo in order_labels(per_task.algo.unique()):
+            for task in sorted(per_task.task.unique()):
+                d = per_task[(per_task.algo == algo) & (per_task.task == task)].set_index("lag")
+                if d.empty:
+                    continue
+                cells = [f"{d.loc[k].final_tv_mean:.3f} ± {d.loc[k].final_tv_ci95:.3f}" if k in d.index else "" for k in lags]
+                lines.append(f"| {algo} | {task} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, norm=NORM_DEF) -> str:
+    n = final.groupby(["algo", "task", "lag"]).size()
+    core = final[final.algo.isin(["ppo", "vaco"])].groupby(["algo", "task", "lag"]).size()
+    if len(core) and core.min() < PREREGISTERED_SEEDS:
+        verdict += f" (provisional: {core.min()} of the {PREREGISTERED_SEEDS} pre-registered seeds in some PPO/VACO cell)"
+    lines = [
+        f"Verdict against the pre-registered criteria: **{verdict}**",
+        "",
+        f"({SCORE_DEF}; {norm}; intervals: 95% stratified bootstrap over seeds; "
+        f"runs per (algorithm, task, lag): {n.min()}–{n.max()})",
+        "",
+        "| kind | criterion | value | holds |",
+        "|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        holds = "n/a" if r.holds is None else ("yes" if r.holds else "no")
+        lines.append(f"| {r.kind} | {r.criterion} | {r.value} | {holds} |")
+    if len(n) and n.min() < 10:
+        lines += [
+            "",
+            f"Note: {n.min()} runs in the smallest cell; percentile-bootstrap intervals are too narrow with few seeds",
+        ]
+        lines[-1] += " (about 80% coverage for a nominal 95% at 3 runs per task): read them as indicative only."
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- plots
+
+
+def colors_for(labels) -> dict[str, str]:
+    """A fixed colour per known label; others get the extra colours in sorted order. Call once per aggregation
+    with every label present and pass the result to every figure."""
+    out, i = {}, 0
+    for label in sorted(labels):
+        base = label.split("[")[0]
+        if base in COLORS:
+            out[label] = COLORS[base]
+        else:
+            out[label] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
+            i += 1
+    return out
+
+
+def order_labels(labels):
+    return sorted(labels, key=lambda s: (MAIN_ALGOS.index(s.split("[")[0]) if s.split("[")[0] in MAIN_ALGOS else 99, s))
+
+
+_FIGURE_LABEL = {"text": ""}  # set by aggregate(label=...): prefixed to every figure title
+
+
 def _suptitle(fig, text):
-    """A figure title wrapped to the figure's width (narrow figures would clip it)."""
-    fig.suptitle(textwrap.fill(text, width=max(30, int(13 * fig.get_figwidth()))), fontsize=10)
+    """A figure title wrapped to the figure's width (narrow figures would clip it), after the aggregation's label."""
+    if _FIGURE_LABEL["text"]:
+        text = f"{_FIGURE_LABEL['text']}: {text}"
+    fig.suptitle(textwrap.fill(text, width=max(40, int(14 * fig.get_figwidth()))), fontsize=9)
 
 
-def plot_tv(final: pd.DataFrame, labels, lags, colors, path, title):
-    """Final TV (after the update) and backward TV (before it) vs lag: mean over runs ± 95% normal CI."""
+def _lag_axis(ax, lags):
+    ax.set_xticks(range(len(lags)))
+    ax.set_xticklabels([str(k) for k in lags])
+    ax.set_xlabel("lag K")
+
+
+def _step_axis(ax):
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(4))
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda x, _: "0" if x == 0 else f"{x / 1e6:g}M" if abs(x) >= 1e6 else f"{x / 1e3:g}k")
+    )
+    ax.set_xlabel("environment steps")
+
+
+def _save(fig, path):
     import matplotlib.pyplot as plt
 
-    rows = [c for c in ("final_tv", "backward_tv") if c in final and final[c].notna().any()]
-    if not rows:
-        return False
-    tasks = sorted(final["task"].unique())
-    panels = ["all tasks"] + (tasks if len(tasks) > 1 else [])
-    fig, axes = plt.subplots(len(rows), len(panels), figsize=(3.8 * len(panels), 3.2 * len(rows)), squeeze=False)
-    deltas = {lab: delta_of(final, lab) for lab in labels if lab.startswith("vaco")}
-    for r, col in enumerate(rows):
-        for c, panel in enumerate(panels):
-            ax = axes[r][c]
-            sub = final if panel == "all tasks" else final[final["task"] == panel]
-            for j, label in enumerate(labels):
-                stats = [_mean_ci(sub[(sub["algo"] == label) & (sub["lag"] == k)][col]) for k in lags]
-                m, h = np.array(stats).T
-                x = np.arange(len(lags)) + (j - (len(labels) - 1) / 2) * 0.05
-                ax.errorbar(x, m, yerr=h, fmt="o-", color=colors[label], label=label, capsize=2, ms=4, lw=1.5)
-            if col == "final_tv":
-                for d in sorted(set(v for v in deltas.values() if np.isfinite(v))):
-                    ax.axhline(d / 2, ls="--", color="k", lw=0.9, alpha=0.7)
-                    ax.text(len(lags) - 1, d / 2, f" δ/2={d / 2:g}", va="bottom", ha="right", fontsize=7)
-            _lag_axis(ax, lags)
-            ax.set_title(f"{'final' if col == 'final_tv' else 'backward'} TV — {panel}", fontsize=9)
-            ax.grid(alpha=0.3)
-        axes[r][0].set_ylabel("½ mean|π/β − 1|" + (" after update" if col == "final_tv" else " before update"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def meaningful_metrics(final, n_tasks):
+    """IQM and mean always; the median of task means only with 3+ tasks (with 2 it equals the mean); the
+    optimality gap only when some run reaches the reference (otherwise it is 1 - mean)."""
+    metrics = ["iqm", "mean"]
+    if n_tasks >= 3:
+        metrics.append("median")
+    if (final["normalized_score"] >= 1).any():
+        metrics.append("optimality_gap")
+    return metrics
+
+
+def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for j, label in enumerate(labels):
+            d = agg[(agg.algo == label) & (agg.metric == metric)].set_index("lag").sort_index()
+            x = np.array([lags.index(k) for k in d.index]) + (j - (len(labels) - 1) / 2) * 0.06  # its own lags, joined
+            est, lo, hi = (d[c].to_numpy(float) for c in ("estimate", "ci_low", "ci_high"))
+            ax.errorbar(
+                x,
+                est,
+                yerr=[est - lo, hi - est],
+                fmt="o-",
+                color=colors[label],
+                label=label,
+                capsize=2,
+                ms=4,
+                lw=1.5,
+            )
+        ax.axhline(0, color="k", lw=0.8, ls=":", label="random policy")
+        _lag_axis(ax, lags)
+        names = {"iqm": "IQM", "mean": "Mean", "median": "Median of task means", "optimality_gap": "Optimality gap"}
+        ax.set_title(names[metric] + (" (lower is better)" if metric == "optimality_gap" else ""), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7)
     _suptitle(fig, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    _save(fig, path)
 
 
-def ablation_families(labels) -> dict[str, list[str]]:
-    fam: dict[str, list[str]] = {"components": [], "delta": [], "rhobar": [], "other": []}
-    for lab in labels:
-        if not is_ablation(lab) or "[" in lab:
-            continue
-        parts = lab[len("vaco-") :].split("-")
-        if all(p in ("nofilter", "norealign") for p in parts):
-            fam["components"].append(lab)
-        elif len(parts) == 1 and parts[0].startswith("delta"):
-            fam["delta"].append(lab)
-        elif len(parts) == 1 and parts[0].startswith("rhobar"):
-            fam["rhobar"].append(lab)
-        else:
-            fam["other"].append(lab)
-    return {k: v for k, v in fam.items() if v}
-
-
-def _num_key(label):
-    m = re.search(r"(delta|rhobar)([0-9.eE-]+)$", label)
-    return float(m.group(2)) if m else 0.0
-
-
-def plot_ablation(final, agg, family, variants, lags, path):
+def plot_forest(table, colors, path, title, xlabel):
+    """One row per (algorithm, task or pooled): point and 95% interval; a line at 0."""
     import matplotlib.pyplot as plt
 
-    present = set(final["algo"])
-    labels = ["vaco"] if "vaco" in present else []
-    if family in ("delta", "rhobar"):
-        default = VACO_DEFAULTS["tv_threshold" if family == "delta" else "rho_bar"]
-        variants = sorted(variants, key=_num_key)
-        names = {v: f"{v} ({'δ' if family == 'delta' else 'ρ̄'}={_num_key(v):g})" for v in variants}
-        names["vaco"] = f"vaco ({'δ' if family == 'delta' else 'ρ̄'}={default:g})"
-        labels = sorted(labels + variants, key=lambda v: default if v == "vaco" else _num_key(v))
-    else:
-        labels = labels + sorted(variants)
-        names = {v: v for v in labels}
-    refs = [r for r in ("ppo",) if r in present]
-    cmap = plt.get_cmap("viridis")
-    colors = {lab: cmap(i / max(1, len(labels) - 1) * 0.9) for i, lab in enumerate(labels)}
-    colors.update({"ppo": MAIN_COLORS["ppo"]})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for j, lab in enumerate(labels + refs):
-        style = "--" if lab in refs else "-"
-        x = np.arange(len(lags)) + (j - len(labels) / 2) * 0.04
-        d = agg[(agg["algo"] == lab) & (agg["metric"] == "iqm")].set_index("lag").reindex(lags)
-        axes[0].plot(x, d["estimate"], "o" + style, color=colors[lab], label=names.get(lab, lab), ms=4)
-        axes[0].fill_between(x, d["ci_low"], d["ci_high"], color=colors[lab], alpha=0.12, lw=0)
-        axes[0].errorbar(
-            x,
-            d["estimate"],
-            yerr=[d["estimate"] - d["ci_low"], d["ci_high"] - d["estimate"]],
-            fmt="none",
-            ecolor=colors[lab],
-            alpha=0.6,
-            capsize=2,
+    rows = list(table.itertuples())
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 2.0))
+    for i, r in enumerate(rows):
+        y = len(rows) - 1 - i
+        c = colors.get(r.algo, "k")
+        ax.errorbar(
+            r.estimate,
+            y,
+            xerr=[[r.estimate - r.ci_low], [r.ci_high - r.estimate]],
+            fmt="o",
+            color=c,
+            capsize=3,
+            ms=5,
+            mfc="white" if r.task != "pooled" else c,
         )
-        if "final_tv" in final:
-            stats = [_mean_ci(final[(final["algo"] == lab) & (final["lag"] == k)]["final_tv"]) for k in lags]
-            m, h = np.array(stats).T
-            axes[1].errorbar(x, m, yerr=h, fmt="o" + style, color=colors[lab], capsize=2, ms=4)
-            if lab.startswith("vaco"):
-                axes[1].axhline(delta_of(final, lab) / 2, color=colors[lab], ls=":", lw=1)
-    axes[0].set_title("IQM normalised final score (95% CI)")
-    axes[0].set_ylabel("normalised score")
-    axes[1].set_title("final TV (mean ± 95% CI; dotted: δ/2)")
-    for ax in axes:
-        _lag_axis(ax, lags)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{r.algo} — {r.task}" for r in reversed(rows)], fontsize=8)
+    ax.axvline(0, color="k", lw=0.9, ls="--")
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    _suptitle(fig, title)
+    _save(fig, path)
+
+
+def plot_intervals(agg, labels, lags, colors, path, title):
+    """IQM per lag: one bar (95% interval) and a tick (estimate) per algorithm."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(lags), figsize=(3.4 * len(lags), 0.4 * len(labels) + 2.2), squeeze=False, sharey=True)
+    for ax, lag in zip(axes[0], lags):
+        for i, label in enumerate(labels):
+            d = agg[(agg.algo == label) & (agg.metric == "iqm") & (agg.lag == lag)]
+            if d.empty:
+                continue
+            d = d.iloc[0]
+            y = len(labels) - 1 - i
+            ax.barh(y, d.ci_high - d.ci_low, left=d.ci_low, height=0.6, color=colors[label], alpha=0.75)
+            ax.vlines(d.estimate, y - 0.3, y + 0.3, color="k", lw=1.5)
+        ax.axvline(0, color="k", lw=0.8, ls=":")
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(list(reversed(labels)), fontsize=8)
+        ax.set_title(f"lag {lag}", fontsize=9)
+        ax.set_xlabel("IQM normalised score", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    _suptitle(fig, title)
+    _save(fig, path)
+
+
+def plot_iqm_curves(curves, labels, lags, colors, path, title):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(lags), figsize=(3.8 * len(lags), 3.4), squeeze=False, sharey=True)
+    for ax, lag in zip(axes[0], lags):
+        for label in labels:
+            d = curves[(curves.algo == label) & (curves.lag == lag)] if len(curves) else curves
+            if d.empty:
+                continue
+            ax.plot(d.step, d.iqm, ".-", color=colors[label], label=label, lw=1.4, ms=3)
+            ax.fill_between(d.step, d.ci_low, d.ci_high, color=colors[label], alpha=0.15, lw=0)
+        ax.axhline(0, color="k", lw=0.8, ls=":")
+        ax.set_title(f"lag {lag}", fontsize=9)
+        _step_axis(ax)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    _suptitle(fig, f"VACO ablation: {family}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    axes[0][0].set_ylabel("IQM normalised return")
+    axes[0][-1].legend(fontsize=7)
+    _suptitle(fig, title)
+    _save(fig, path)
+
+
+def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_lines):
+    """Training return per task (rows) and lag (columns): mean over seeds ± one standard error, at logged steps."""
+    import matplotlib.pyplot as plt
+
+    tasks = sorted(final["task"].unique())
+    fig, axes = plt.subplots(len(tasks), len(lags), figsize=(3.6 * len(lags), 2.8 * len(tasks)), squeeze=False, sharey="row")
+    for r, task in enumerate(tasks):
+        for c, lag in enumerate(lags):
+            ax = axes[r][c]
+            for label in labels:
+                group = [g for _, g in runs[(runs.algo == label) & (runs.task == task) & (runs.lag == lag)].groupby("seed")]
+                steps = curve_steps(group, max_points) if group else []
+                if not len(steps):
+                    continue
+                y = np.stack([g.set_index("step")["episodic_return"].reindex(steps).to_numpy(float) for g in group])
+                m = y.mean(0)
+                se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(m)
+                ax.plot(steps, m, ".-", color=colors[label], label=f"{label} (n={len(y)})", lw=1.3, ms=3)
+                ax.fill_between(steps, m - se, m + se, color=colors[label], alpha=0.15, lw=0)
+            if task in ref_lines:
+                ax.axhline(ref_lines[task], color="k", lw=0.8, ls=":")
+            if r == 0:
+                ax.set_title(f"lag {lag}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"{task}\nepisodic return", fontsize=8)
+            _step_axis(ax)
+            ax.grid(alpha=0.3)
+            if c == len(lags) - 1:
+                ax.legend(fontsize=6)
+    note = " (dotted: random policy)" if ref_lines else ""
+    _suptitle(fig, f"Training episodic return per task: mean over seeds ± 1 standard error, at logged steps{note}")
+    _save(fig, path)
+
+
+def plot_tv(per_task, labels, lags, colors, delta, path, title):
+    """Final TV vs lag per task, mean ± 95% t-interval. IMPALA (no trust region, TV far above the others) gets
+    its own row with its own y-axis, so that it does not squash the comparison with δ/2."""
+    import matplotlib.pyplot as plt
+
+    if "final_tv_mean" not in per_task or per_task["final_tv_mean"].isna().all():
+        return False
+    tasks = sorted(per_task["task"].unique())
+    groups = [[lab for lab in labels if not lab.startswith("impala")], [lab for lab in labels if lab.startswith("impala")]]
+    groups = [g for g in groups if g]
+    fig, axes = plt.subplots(len(groups), len(tasks), figsize=(4 * len(tasks), 3.1 * len(groups)), squeeze=False)
+    for r, group in enumerate(groups):
+        for c, task in enumerate(tasks):
+            ax = axes[r][c]
+            for j, label in enumerate(group):
+                d = per_task[(per_task.algo == label) & (per_task.task == task)].set_index("lag").sort_index()
+                x = np.array([lags.index(k) for k in d.index]) + (j - (len(group) - 1) / 2) * 0.06
+                ax.errorbar(
+                    x,
+                    d.final_tv_mean.to_numpy(float),
+                    yerr=d.final_tv_ci95.fillna(0).to_numpy(float),
+                    fmt="o-",
+                    color=colors[label],
+                    label=label,
+                    capsize=2,
+                    ms=4,
+                )
+            if any(lab.startswith("vaco") for lab in group) and np.isfinite(delta):
+                ax.axhline(delta / 2, ls="--", color="k", lw=0.9)
+                ax.text(len(lags) - 1, delta / 2, f" δ/2={delta / 2:g}", va="bottom", ha="right", fontsize=7)
+            ax.set_ylim(bottom=0)
+            _lag_axis(ax, lags)
+            ax.set_title(task + (" (IMPALA, own scale)" if group[0].startswith("impala") else ""), fontsize=9)
+            ax.grid(alpha=0.3)
+            if c == 0:
+                ax.set_ylabel("final TV ½·mean|π/β − 1|", fontsize=8)
+            if c == len(tasks) - 1:
+                ax.legend(fontsize=7)
+    _suptitle(fig, title)
+    _save(fig, path)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- driver
 
 
+def write_csv(df: pd.DataFrame, path: Path, header: list[str]):
+    """CSV with '# ' comment lines on top stating the definitions (read back with pd.read_csv(comment='#'))."""
+    with open(path, "w") as f:
+        for line in header:
+            f.write(f"# {line}\n")
+        df.to_csv(f, index=False)
+
+
 def aggregate(
-    roots,
+    sources,
     out,
     reference=DEFAULT_REFERENCE,
     normalization="reference",
@@ -714,14 +1043,14 @@ def aggregate(
     include_unfinished=False,
     plots=True,
     log=print,
+    label="",
 ) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    """Read the sources, write every table, figure and verdict.md into `out`; `label` (e.g. "SMOKE TEST, 40k
+    steps") heads every figure title and verdict.md."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    final, runs = load_all(roots, include_unfinished, log)
-
+    _FIGURE_LABEL["text"] = label
+    records = collect_records(sources, include_unfinished, log)
+    final, runs = build_tables(records, log)
     ref = None
     if normalization == "reference":
         ref = load_reference(reference)
@@ -729,81 +1058,153 @@ def aggregate(
         if missing:
             raise SystemExit(
                 f"error: no reference scores for {missing} in {reference}; add them with "
-                f"`tools/aggregate.py --measure-random {' '.join(missing)} --write` or use "
-                "--normalization none"
+                f"`tools/aggregate.py --measure-random {' '.join(missing)} --write` or use --normalization none"
             )
+        norm = NORM_DEF
     else:
-        log("note: --normalization none: aggregate metrics are over raw returns (only meaningful for one task)")
+        log("note: --normalization none: 'normalised' scores are raw returns (only meaningful for one task)")
+        norm = "not normalised: raw returns"
     final["normalized_score"] = normalise(final["final_return"], final["task"], ref)
+    out.mkdir(parents=True, exist_ok=True)
 
-    grid = curve_grid(final, curve_points, log)
-    curves = run_curves(final, runs, grid, ref)
-    final["auc"] = [float(np.mean(curves[d])) if d in curves else np.nan for d in final["run_dir"]]
-
-    agg = aggregate_table(final, reps, seed, log)
-    curve_df = curve_table(final, curves, grid, curve_reps, seed)
     per_task = per_task_table(final)
-    front = [
-        "algo",
-        "task",
-        "lag",
-        "lag_mode",
-        "seed",
-        "final_return",
-        "normalized_score",
-        "final_tv",
-        "backward_tv",
-        "auc",
-        "eval_return",
-        "last_step",
-        "n_returns",
-        "finished",
+    agg = aggregate_table(final, reps, seed, log)
+    deg = degradation_table(final, reps, seed)
+    abl = ablation_table(final, reps, seed)
+    curves = curve_table(final, runs, ref, curve_points, curve_reps, seed, log)
+    table, verdict = verdict_table(final, agg, deg, per_task)
+    boot = f"95% stratified-bootstrap percentile intervals over seeds ({reps} resamples, seed {seed})"
+    base = [SCORE_DEF, norm, WINDOW_DEF]
+    write_csv(final, out / "final.csv", base + ["one row per run; final_tv, backward_tv, ...: means over the same window"])
+    write_csv(runs, out / "runs.csv", ["one row per run and logged step (training iteration)"])
+    write_csv(
+        per_task,
+        out / "per_task.csv",
+        base + ["per (algo, task, lag): mean and 95% Student-t half-width (t with n-1 dof) over runs"],
+    )
+    write_csv(agg, out / "aggregate.csv", base + [f"per (algo, lag): aggregates over tasks and runs; {boot}"])
+    write_csv(
+        deg,
+        out / "degradation.csv",
+        base
+        + [
+            f"degradation = mean(X at lag {LAG_HI}) - mean(X at lag {LAG_LO}); degradation_difference = X's minus PPO's (> 0: X loses less)",
+            "pooled = mean over tasks; " + boot + ", each (algo, lag, task) cell resampled independently",
+        ],
+    )
+    write_csv(
+        abl,
+        out / "ablation.csv",
+        base + [f"ablation_effect = mean(ablation) - mean(VACO) at lag {LAG_HI}; pooled = mean over tasks; {boot}"],
+    )
+    write_csv(
+        curves,
+        out / "iqm_curves.csv",
+        [f"IQM of the normalised training return at logged steps ({norm}); {curve_reps} resamples"],
+    )
+    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task, norm)
+    if label:
+        md = f"**{label}**\n\n{md}"
+    (out / "verdict.md").write_text(md)
+    written = [
+        "final.csv",
+        "runs.csv",
+        "per_task.csv",
+        "aggregate.csv",
+        "degradation.csv",
+        "ablation.csv",
+        "iqm_curves.csv",
+        "verdict.md",
     ]
-    final = final[[c for c in front if c in final] + [c for c in final if c not in front]]
-    final.to_csv(out / "final.csv", index=False)
-    runs.to_csv(out / "runs.csv", index=False)
-    agg.to_csv(out / "aggregate.csv", index=False)
-    curve_df.to_csv(out / "iqm_curves.csv", index=False)
-    per_task.to_csv(out / "per_task.csv", index=False)
-    written = ["final.csv", "runs.csv", "aggregate.csv", "iqm_curves.csv", "per_task.csv"]
 
     if plots:
-        labels = sorted(final["algo"].unique(), key=lambda s: (s.split("[")[0] not in MAIN_COLORS, s))
-        main = [lab for lab in labels if not is_ablation(lab)] or labels
-        lags = sorted(final["lag"].unique())
+        import matplotlib
+
+        matplotlib.use("Agg")
+        labels = order_labels(final["algo"].unique())
         colors = colors_for(labels)
-        yl = "normalised score" if ref is not None else "return"
-        plot_metric_vs_lag(
-            agg,
-            main,
-            lags,
-            colors,
-            METRICS,
-            out / "aggregate_vs_lag.png",
-            f"Normalised final score vs lag ({len(set(final['task']))} tasks; 95% stratified-bootstrap" f" CIs, {reps} reps)",
-            yl,
+        main = [lab for lab in labels if not is_ablation(lab)] or labels
+        lags = sorted(int(k) for k in final["lag"].unique())
+        n_tasks = final["task"].nunique()
+        ylabel = "normalised score" if ref is not None else "return"
+        metrics = meaningful_metrics(final, n_tasks)
+        caption = f"{SCORE_DEF} ({norm}); {n_tasks} task(s); {boot}"
+        plot_score_vs_lag(
+            agg, main, lags, colors, metrics, out / "score_vs_lag.png", "Final score vs lag — " + caption, ylabel
         )
-        plot_intervals(agg, main, lags, colors, out / "aggregate_intervals.png")
-        plot_iqm_curves(
-            curve_df,
-            main,
-            lags,
-            colors,
-            out / "iqm_curves.png",
-            "IQM normalised training return (95% stratified-bootstrap CIs)",
-        )
-        plot_task_curves(final, runs, main, lags, colors, grid, out / "task_curves.png")
-        written += ["aggregate_vs_lag.png", "aggregate_intervals.png", "iqm_curves.png", "task_curves.png"]
+        plot_intervals(agg, labels, lags, colors, out / "intervals.png", "IQM of the final score — " + caption)
+        written += ["score_vs_lag.png", "intervals.png"]
+        dd = deg[deg.measure == "degradation_difference"] if len(deg) else deg
+        if len(dd):
+            plot_forest(
+                dd,
+                colors,
+                out / "degradation.png",
+                f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}); "
+                f"> 0: X loses less. Filled: pooled over tasks. {SCORE_DEF}; {boot}",
+                "difference in degradation (normalised score)",
+            )
+            written.append("degradation.png")
+        if len(abl):
+            plot_forest(
+                abl,
+                colors,
+                out / "ablation.png",
+                f"Ablation effect at lag {LAG_HI}: ablation − VACO (< 0: the removed part helps). Filled: pooled. {SCORE_DEF}; {boot}",
+                "difference (normalised score)",
+            )
+            written.append("ablation.png")
+        if len(curves):
+            plot_iqm_curves(
+                curves,
+                main,
+                lags,
+                colors,
+                out / "iqm_curves.png",
+                f"IQM normalised training return at logged steps ({norm}); {curve_reps}-resample bootstrap intervals",
+            )
+            written.append("iqm_curves.png")
+        random_lines = {t: ref.loc[t, "random_return"] for t in final["task"].unique()} if ref is not None else {}
+        plot_task_curves(final, runs, main, lags, colors, curve_points, out / "task_curves.png", random_lines)
+        written.append("task_curves.png")
         if plot_tv(
-            final, main, lags, colors, out / "final_tv.png", "Divergence from the behaviour policy (dashed: VACO's δ/2)"
+            per_task,
+            labels,
+            lags,
+            colors,
+            delta_of(final, "vaco"),
+            out / "final_tv.png",
+            "Final TV after the update, mean over the last 10% of steps, ± 95% t-interval over seeds (dashed: VACO's δ/2)",
         ):
             written.append("final_tv.png")
-        for family, variants in ablation_families(labels).items():
-            plot_ablation(final, agg, family, variants, lags, out / f"ablation_{family}.png")
-            written.append(f"ablation_{family}.png")
     log(f"{len(final)} runs ({', '.join(f'{a}: {n}' for a, n in final['algo'].value_counts().sort_index().items())})")
     log(f"wrote {', '.join(written)} to {out}/")
-    return {"final": final, "runs": runs, "aggregate": agg, "curves": curve_df, "written": written}
+    return {
+        "final": final,
+        "runs": runs,
+        "per_task": per_task,
+        "aggregate": agg,
+        "degradation": deg,
+        "ablation": abl,
+        "curves": curves,
+        "verdict": verdict,
+        "verdict_table": table,
+        "verdict_md": md,
+        "records": records,
+        "written": written,
+    }
+
+
+def export_records(records, folder, log=print) -> list[Path]:
+    """Write each record as `{folder}/{record name}.json.gz` (an existing identical file is left untouched)."""
+    paths = []
+    for rec in records:
+        path = Path(folder) / f"{rec['name']}.json.gz"
+        if path.exists() and read_record(path) == rec:
+            continue
+        paths.append(write_record(rec, path))
+    log(f"wrote {len(paths)} record(s) to {folder}/ ({len(records) - len(paths)} unchanged)")
+    return paths
 
 
 def measure_random(env_ids, episodes=20, seed=0) -> pd.DataFrame:
@@ -865,19 +1266,24 @@ def write_reference(measured: pd.DataFrame, path) -> pd.DataFrame:
 def main(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="See the module docstring for definitions.",
+        epilog="See the module docstring for the definitions.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("roots", nargs="*", help="folders containing run folders (searched recursively for args.json)")
-    p.add_argument("--out", default="results", help="output folder for CSVs and PNGs")
+    p.add_argument(
+        "sources", nargs="*", help="record files, folders of records or of run folders (default: results/records/tier1..3)"
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help="output folder for CSVs, figures and verdict.md")
+    p.add_argument("--verdict", action="store_true", help="print the verdict table (pre-registered criteria)")
+    p.add_argument("--export-records", metavar="DIR", help="also write every finished run found as a record into DIR")
     p.add_argument("--reference", default=str(DEFAULT_REFERENCE), help="reference table (CSV)")
     p.add_argument("--normalization", choices=["reference", "none"], default="reference")
-    p.add_argument("--reps", type=int, default=5000, help="bootstrap resamples for aggregate metrics")
+    p.add_argument("--reps", type=int, default=5000, help="bootstrap resamples for the tables")
     p.add_argument("--curve-reps", type=int, default=500, help="bootstrap resamples for the IQM curves")
-    p.add_argument("--curve-points", type=int, default=50, help="points on the common learning-curve grid")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random state")
-    p.add_argument("--include-unfinished", action="store_true", help="also use runs without summary.json")
+    p.add_argument("--curve-points", type=int, default=50, help="at most this many logged points per learning curve")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    p.add_argument("--include-unfinished", action="store_true", help="also use runs without a (complete) summary.json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--label", default="", help='heads every figure title and verdict.md, e.g. "SMOKE TEST (40k steps)"')
     p.add_argument(
         "--measure-random",
         nargs="*",
@@ -888,6 +1294,9 @@ def main(argv=None):
     p.add_argument("--episodes", type=int, default=20, help="episodes per env for --measure-random")
     p.add_argument("--write", action="store_true", help="with --measure-random: update --reference with the results")
     opts = p.parse_args(argv)
+    for name in ("reps", "curve_reps", "curve_points"):
+        if getattr(opts, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.measure_random is not None:
         measured = measure_random(opts.measure_random or REFERENCE_ENVS, opts.episodes, opts.seed)
         if opts.write:
@@ -896,10 +1305,11 @@ def main(argv=None):
         else:
             print(measured.to_csv(index=False))
         return 0
-    if not opts.roots:
-        p.error("give at least one folder of runs (or --measure-random)")
-    aggregate(
-        opts.roots,
+    sources = opts.sources or [s for s in DEFAULT_SOURCES if s.exists()]
+    if not sources:
+        p.error("no sources given and no committed records under results/records/tier1..3")
+    res = aggregate(
+        sources,
         opts.out,
         opts.reference,
         opts.normalization,
@@ -909,7 +1319,12 @@ def main(argv=None):
         opts.seed,
         opts.include_unfinished,
         not opts.no_plots,
+        label=opts.label,
     )
+    if opts.export_records:
+        export_records(res["records"], opts.export_records)
+    if opts.verdict:
+        print(res["verdict_md"])
     return 0
 
 
