@@ -63,7 +63,7 @@ class Args:
     capture_video: bool = False
     """record videos of env 0 to `<run-dir>/videos` (gymnasium backend; headless needs MUJOCO_GL=egl)"""
     save_model: bool = False
-    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on Ctrl-C"""
+    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on SIGINT/SIGTERM"""
     eval_episodes: int = 10
     """episodes of deterministic evaluation (mean action, frozen statistics) after training; 0 disables it"""
     run_dir: Optional[str] = None
@@ -141,11 +141,8 @@ class Args:
 # Every numeric flag by its meaning: (flags, rule, what the rule says). NaN fails every rule.
 CHECKS = [
     (("seed", "lag", "eval_episodes", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"), lambda v: v >= 0, ">= 0"),
-    (
-        ("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs", "torch_threads"),
-        lambda v: v > 0,
-        "> 0",
-    ),
+    (("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
+    (("torch_threads",), lambda v: v > 0, "> 0"),
     (("learning_rate", "clip_coef", "max_grad_norm"), lambda v: 0 < v < float("inf"), "a positive number"),
     (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("target_kl",), lambda v: v is None or v > 0, "> 0"),
@@ -220,7 +217,7 @@ def check_args(args: Args) -> None:
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not os.path.exists(f"{args.run_dir}/checkpoint.pt"):
-        raise ValueError(f"--resume needs --run-dir with a checkpoint.pt; found none in {args.run_dir}")
+        raise ValueError(f"--resume needs a --run-dir that holds a checkpoint.pt (got {args.run_dir})")
     if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
         raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
     parent = os.path.abspath(args.run_dir or "runs")

@@ -83,7 +83,11 @@ BAD_INPUT = [
     (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
     (["--num-envs", "1000000", "--num-steps", "100"], "1000000 envs x 100 steps need ~", None),
     (["--run-dir", "/etc/hostname/run"], "--run-dir /etc/hostname/run: /etc/hostname is not a writable folder", None),
-    (["--resume", "--run-dir", "/nonexistent/run"], "--resume needs --run-dir with a checkpoint.pt", None),
+    (
+        ["--resume", "--run-dir", "/nonexistent/run"],
+        "--resume needs a --run-dir that holds a checkpoint.pt (got /nonexistent/run)",
+        None,
+    ),
 ]
 
 

@@ -115,7 +115,9 @@ def test_filter_off_is_the_plain_surrogate():
 
 
 def test_smoke_logs_vaco_keys_and_ablation_flags(tmp_path):
-    run_script("vaco_mujoco", *TINY, "--lag", "2", "--lag-mode", "fixed", "--tv-threshold", "1e-6", "--run-dir", tmp_path / "a")
+    run_script(
+        "vaco_mujoco", *TINY, "--lag", "2", "--lag-mode", "fixed", "--tv-threshold", "1e-6", "--run-dir", tmp_path / "a"
+    )
     scalars = read_scalars(tmp_path / "a")
     assert {"vaco/tv", "vaco/over_budget_frac", "vaco/filter_frac"} <= set(scalars)
     assert "losses/clipfrac" not in scalars
@@ -123,6 +125,15 @@ def test_smoke_logs_vaco_keys_and_ablation_flags(tmp_path):
     assert [v for _, v in scalars["vaco/over_budget_frac"]] == [7 / 8, 1.0]
     assert all(0.2 < v < 0.8 for _, v in scalars["vaco/filter_frac"])
     run_script(
-        "vaco_mujoco", *TINY, "--lag", "2", "--no-filter", "--no-realign", "--tv-threshold", "1e-6", "--run-dir", tmp_path / "b"
+        "vaco_mujoco",
+        *TINY,
+        "--lag",
+        "2",
+        "--no-filter",
+        "--no-realign",
+        "--tv-threshold",
+        "1e-6",
+        "--run-dir",
+        tmp_path / "b"
     )
     assert all(v == 0.0 for _, v in read_scalars(tmp_path / "b")["vaco/filter_frac"])
