@@ -188,13 +188,9 @@ def check_args(args: Args) -> None:
             if not rule(getattr(args, name)):
                 raise ValueError(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
     if args.batch_size % args.num_minibatches:
-        raise ValueError(
-            f"the batch (num_envs*num_steps = {args.batch_size}) does not divide into {args.num_minibatches} minibatches"
-        )
+        raise ValueError(f"the batch of {args.batch_size} does not divide into {args.num_minibatches} minibatches")
     if args.norm_adv and args.minibatch_size < 2:
-        raise ValueError(
-            f"a minibatch of {args.minibatch_size} sample cannot be normalised (--norm-adv); use fewer minibatches"
-        )
+        raise ValueError(f"a minibatch of {args.minibatch_size} sample cannot be normalised (--norm-adv)")
     if args.total_timesteps < args.batch_size:
         raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.capture_video and args.env_backend == "envpool":
@@ -210,7 +206,7 @@ def check_args(args: Args) -> None:
     available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
     if need > available:
         raise ValueError(
-            f"{args.num_envs} envs x {args.num_steps} steps need ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available"
+            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
         )
     if args.capture_video:
         try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
