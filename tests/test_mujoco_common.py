@@ -348,6 +348,7 @@ def test_stopped_and_resumed_run_is_bit_identical(script, tmp_path):
     for key in models[0]:
         assert torch.equal(models[0][key], models[1][key]), key
     assert json.loads((tmp_path / "parts" / "summary.json").read_text())["interrupted"] is False
+    assert not list((tmp_path / "parts").glob("*.tmp"))  # checkpoints are written to a temporary file, then renamed
 
 
 def test_resume_refuses_changed_arguments(tmp_path, capsys):
@@ -359,6 +360,10 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change lag, gamma\n"
     args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--total-timesteps", "512"])
     assert args.save_model and args.num_envs == 4 and args.resume  # the saved arguments, plus a safe change
+    # --overwrite replaces the run: nothing of the first one is left.
+    first_events = set(tmp_path.glob("events.out.tfevents.*"))
+    run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)
+    assert not first_events & set(tmp_path.glob("events.out.tfevents.*")) and not (tmp_path / "checkpoint.pt").exists()
 
 
 def test_capture_video_headless(tmp_path):
