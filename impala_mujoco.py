@@ -1,25 +1,13 @@
 """IMPALA's V-trace (Espeholt et al., 2018) realigned on the fly, under simulated asynchrony: a baseline of VACO.
 
 Paper: Honari et al., "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
-arXiv 2603.01365 (2026). Spec: docs/method.md §1, §2 and §3.3.
+arXiv 2603.01365 (2026). CleanRL's continuous-action PPO with the paper's simulated asynchrony
+(docs/method.md §1, §2); the README lists the choices that are ours.
 
-This file is ppo_mujoco.py with IMPALA's learner: before every minibatch step, V-trace with the *current*
-policy and critic is recomputed on the whole batch (so the backward recursion is exact whatever the
-minibatch), giving value targets v_t and the policy-gradient advantage rho_t (r_t + gamma_t v_{t+1} - V(s_t));
-the policy loss is -mean(A * log pi_theta). That repeated pass is the cost VACO's one-time realignment avoids.
-
-CleanRL's continuous-action PPO (ppo_continuous_action.py), rebuilt for gymnasium 1.x and MuJoCo `-v5`
-tasks, with the paper's simulated asynchrony: after every update the learner's policy joins a buffer of the
-`lag + 1` most recent policies, and before every rollout each actor (vectorised env) draws the policy it acts
-with from that buffer. Every transition records `log beta(a|s)` of the policy that actually acted, so the
-ratio `pi_theta / beta` measures the whole policy lag.
-
-Choices that are ours (beyond CleanRL), each explained where it is coded:
-- observation normalisation is part of the policy (running statistics live in the `Agent`, are snapshotted
-  with the weights, saved with the model, and updated once per iteration after the update);
-- time-limit truncation is not termination: bootstrap from the true final observation, cut the trace at
-  every episode end, and no reset-only transition ever enters the buffer;
-- `charts/episodic_return` is the mean over the episodes that finished during the iteration.
+IMPALA (docs/method.md §3.3): before every minibatch step, V-trace with the *current* policy and critic is
+recomputed on the whole batch, giving value targets v_t and the policy-gradient advantage
+rho_t (r_t + gamma_t v_{t+1} - V(s_t)); the policy loss is -mean(A * log pi_theta). That repeated pass is the
+cost VACO's one-time realignment avoids.
 
 Usage: python impala_mujoco.py --env-id Hopper-v5 --lag 4
 """
@@ -29,8 +17,11 @@ import dataclasses
 import json
 import os
 import re
+import shutil
+import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -72,11 +63,17 @@ class Args:
     capture_video: bool = False
     """record videos of env 0 to `<run-dir>/videos` (gymnasium backend; headless needs MUJOCO_GL=egl)"""
     save_model: bool = False
-    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on Ctrl-C"""
+    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on SIGINT/SIGTERM"""
     eval_episodes: int = 10
     """episodes of deterministic evaluation (mean action, frozen statistics) after training; 0 disables it"""
     run_dir: Optional[str] = None
     """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
+    resume: bool = False
+    """continue the run in `--run-dir` from its checkpoint.pt, with its saved arguments"""
+    overwrite: bool = False
+    """delete the run that `--run-dir` already holds and start afresh (otherwise an existing run is refused)"""
+    checkpoint_every: int = 5
+    """write `<run-dir>/checkpoint.pt` every N iterations (default shape: every ~15 min) and on SIGINT/SIGTERM"""
 
     # Environment and simulated asynchrony (docs/method.md §2)
     env_id: str = "HalfCheetah-v5"
@@ -141,43 +138,89 @@ class Args:
         return self.total_timesteps // self.batch_size
 
 
-def check_args(args: Args) -> None:
-    """Raise ValueError with a one-line message for input that cannot run, before any training env is built."""
-    for name in ("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("lag", "eval_episodes", "env_threads"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not 0 < args.learning_rate < float("inf"):
-        raise ValueError(f"--learning-rate must be a positive number, got {args.learning_rate}")
-    if args.torch_threads <= 0:
-        raise ValueError(f"--torch-threads must be positive, got {args.torch_threads}")
-    if args.batch_size % args.num_minibatches:
-        raise ValueError(
-            f"the batch (num_envs*num_steps = {args.batch_size}) does not divide into {args.num_minibatches} minibatches"
-        )
-    if args.total_timesteps < args.batch_size:
-        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.env_backend == "envpool":
+# Every numeric flag by its meaning: (flags, rule, what the rule says). NaN fails every rule.
+CHECKS = [
+    (("seed", "lag", "eval_episodes", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"), lambda v: v >= 0, ">= 0"),
+    (("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
+    (("torch_threads",), lambda v: v > 0, "> 0"),
+    (("learning_rate", "clip_coef", "max_grad_norm"), lambda v: 0 < v < float("inf"), "a positive number"),
+    (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("target_kl",), lambda v: v is None or v > 0, "> 0"),
+]
+CHECKS += [(("rho_bar", "c_bar"), lambda v: v > 0, "> 0")]
+# On --resume the command line may change only these; everything else is the saved run's.
+RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track", "torch_threads"}
+
+
+def env_spaces(env_id, env_backend):
+    """(action space, observation space) of one env; a one-line ValueError if the id is unknown or cannot be built."""
+    if env_backend == "envpool":
         import envpool
 
-        if args.env_id not in envpool.list_all_envs():
-            raise ValueError(f"unknown env id for envpool: {args.env_id!r}")
-        if args.capture_video:
-            raise ValueError("--capture-video needs --env-backend gymnasium")
-        spec = envpool.make_spec(args.env_id)
-        action_space, observation_space = spec.action_space, spec.observation_space
-    else:
-        if args.env_id not in gym.registry:
-            raise ValueError(f"unknown env id: {args.env_id!r} (not in gymnasium's registry)")
-        probe = gym.make(args.env_id)
-        action_space, observation_space = probe.action_space, probe.observation_space
-        probe.close()
+        if env_id not in envpool.list_all_envs():
+            raise ValueError(f"unknown env id for envpool: {env_id!r}")
+        spec = envpool.make_spec(env_id)
+        return spec.action_space, spec.observation_space
+    if env_id not in gym.registry:
+        raise ValueError(f"unknown env id: {env_id!r} (not in gymnasium's registry)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = gym.make(env_id)
+    except Exception as e:  # registered, but a dependency is missing (e.g. mujoco-py for -v2, Box2D)
+        raise ValueError(f"{env_id} cannot be built: {type(e).__name__}: {str(e).splitlines()[0]}")
+    probe.close()
+    return probe.action_space, probe.observation_space
+
+
+def check_args(args: Args) -> None:
+    """Raise ValueError with a one-line message for input that cannot run, before any env, model or file is made."""
+    for names, rule, meaning in CHECKS:
+        for name in names:
+            if not rule(getattr(args, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+    if args.batch_size % args.num_minibatches:
+        raise ValueError(f"the batch of {args.batch_size} does not divide into {args.num_minibatches} minibatches")
+    if args.norm_adv and args.minibatch_size < 2:
+        raise ValueError(f"a minibatch of {args.minibatch_size} sample cannot be normalised (--norm-adv)")
+    if args.total_timesteps < args.batch_size:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.capture_video and args.env_backend == "envpool":
+        raise ValueError("--capture-video needs --env-backend gymnasium")
+    action_space, observation_space = env_spaces(args.env_id, args.env_backend)
     if not isinstance(action_space, gym.spaces.Box):
         raise ValueError(f"{args.env_id} has a {type(action_space).__name__} action space; only continuous (Box) is supported")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
+    # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
+    need = 4 * args.batch_size * (6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160) + args.num_envs * 2**21
+    meminfo = re.search(r"MemAvailable:\s+(\d+)", open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else "")
+    available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
+    if need > available:
+        raise ValueError(
+            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
+        )
+    if args.capture_video:
+        try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
+            from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = mujoco.MjModel.from_xml_string("<mujoco/>")
+                OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
+        except Exception as e:
+            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    if args.resume and not os.path.exists(f"{args.run_dir}/checkpoint.pt"):
+        raise ValueError(f"--resume needs a --run-dir that holds a checkpoint.pt (got {args.run_dir})")
+    if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
+        raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
+    parent = os.path.abspath(args.run_dir or "runs")
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ValueError(f"--run-dir {args.run_dir}: {parent} is not a writable folder")
 
 
 def parse_args(argv=None) -> Args:
@@ -191,11 +234,35 @@ def parse_args(argv=None) -> Args:
             argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
     args = tyro.cli(Args, args=argv)
     try:
+        if args.resume and os.path.exists(f"{args.run_dir}/args.json"):
+            # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
+            with open(f"{args.run_dir}/args.json") as f:
+                saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
+            args = tyro.cli(Args, args=argv, default=saved)
+            changed = [k for k, v in dataclasses.asdict(saved).items() if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
+            if changed:
+                raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
         check_args(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     return args
+
+
+def prepare_run_dir(args, run_name):
+    """Create (or, with --overwrite, recreate) the run folder and write args.json; errors as in parse_args."""
+    run_dir = args.run_dir or f"runs/{run_name}"
+    try:
+        if args.overwrite and os.path.exists(f"{run_dir}/args.json"):
+            shutil.rmtree(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(f"{run_dir}/args.json", "w") as f:
+            json.dump(dataclasses.asdict(args), f, indent=2)
+    except OSError as e:
+        print(f"error: cannot write the run folder {run_dir}: {e.strerror}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"run folder: {run_dir}", flush=True)
+    return run_dir
 
 
 def make_env(env_id, idx, capture_video, run_dir, max_episode_steps=None):
@@ -236,6 +303,25 @@ class GymnasiumEnvs:
             final_obs[ended] = np.stack(info["final_obs"][ended])
         return obs, reward, terminated, truncated, final_obs
 
+    def get_state(self):
+        """What the envs' future depends on: each env's full MuJoCo state, RNG and time-limit counter."""
+        states = []
+        for env in self.envs.envs:
+            sim = env.unwrapped
+            physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+            mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+            states.append(
+                (torch.from_numpy(physics), sim.np_random.bit_generator.state, env.get_wrapper_attr("_elapsed_steps"))
+            )
+        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs)}
+
+    def set_state(self, state):
+        for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
+            mujoco.mj_setState(env.unwrapped.model, env.unwrapped.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+            env.unwrapped.np_random.bit_generator.state = rng_state
+            env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
+        self.envs._autoreset_envs = state["autoreset"].numpy().copy()
+
     def close(self):
         self.envs.close()
 
@@ -268,6 +354,9 @@ class EnvPoolEnvs:
             reset_obs, _, _, _, reset_info = self.envs.step(idle_actions, ended)
             obs[reset_info["env_id"]] = reset_obs
         return obs, reward, terminated, truncated, final_obs
+
+    def get_state(self):
+        return None  # EnvPool's C++ envs cannot be saved: after a resume their episodes restart
 
     def close(self):
         self.envs.close()
@@ -402,7 +491,7 @@ def vtrace(rewards, values, next_values, terminations, dones, log_rhos, gamma, g
     # v_{t+1} - V(s_{t+1}) for the next state of the same episode; 0 past an episode end or the batch (v_T = V(s_T)).
     next_vs_minus_v = torch.cat([vs_minus_v[1:], torch.zeros_like(vs_minus_v[:1])]) * (1.0 - dones)
     advantages = rhos * (rewards + discounts * (next_values + next_vs_minus_v) - values)
-    return values + vs_minus_v, advantages
+    return advantages, values + vs_minus_v
 
 
 def policy_loss(newlogprob, advantages):
@@ -419,19 +508,57 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
 
 
-def format_eta(seconds):
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
+    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        print(f"\n{signal.Signals(signum).name}: stopping after this iteration (send it again to stop now)", flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
+
+
+def save_checkpoint(path, agent, optimizer, policy_buffer, return_rms, rng, **values):
+    """Everything the rest of the run depends on, written atomically: a crash while writing keeps the previous one."""
+    state = {
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "policy_buffer": [policy.state_dict() for policy in policy_buffer],
+        "return_rms": return_rms.state_dict(),
+        "rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        **values,
+    }
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(state, agent, optimizer, policy_buffer, return_rms, rng):
+    """Restore what save_checkpoint saved into the objects of a freshly started run (RNG states last)."""
+    agent.load_state_dict(state["agent"])
+    optimizer.load_state_dict(state["optimizer"])
+    for policy in state["policy_buffer"]:
+        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
+        policy_buffer[-1].load_state_dict(policy)
+    return_rms.load_state_dict(state["return_rms"])
+    rng.bit_generator.state = state["rng"]
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"]:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
 if __name__ == "__main__":
     args = parse_args()
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = args.run_dir or f"runs/{run_name}"
-    os.makedirs(run_dir, exist_ok=True)
-    with open(f"{run_dir}/args.json", "w") as f:
-        json.dump(dataclasses.asdict(args), f, indent=2)
+    run_dir = prepare_run_dir(args, run_name)
+    checkpoint = torch.load(f"{run_dir}/checkpoint.pt", weights_only=True) if args.resume else None
+    stop = stop_on_signals()
     if args.track:
         import wandb
 
@@ -443,8 +570,11 @@ if __name__ == "__main__":
             config=dataclasses.asdict(args),
             name=run_name,
             save_code=True,
+            id=checkpoint and checkpoint["wandb_id"],
+            resume="allow",
         )
-    writer = SummaryWriter(run_dir)
+    # On resume, TensorBoard drops what a killed run logged after its last checkpoint.
+    writer = SummaryWriter(run_dir, purge_step=checkpoint and checkpoint["progress"][0] + 1)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()])),
@@ -484,7 +614,7 @@ if __name__ == "__main__":
     terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    global_step = 0
+    global_step = iteration = 0
     start_time = time.time()
     rollout_seconds = update_seconds = 0.0
     next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
@@ -492,197 +622,189 @@ if __name__ == "__main__":
     episodic_length = np.zeros(args.num_envs, dtype=np.int64)
     return_history = []  # (global_step, mean episodic return of the iteration)
     final_tv = float("nan")
-    interrupted = False
+    if checkpoint:
+        global_step, iteration, final_tv, rollout_seconds, update_seconds, elapsed, return_history = checkpoint["progress"]
+        start_time -= elapsed
+        load_checkpoint(checkpoint, agent, optimizer, policy_buffer, return_rms, rng)
+        if checkpoint["envs"] is not None:  # gymnasium: the episodes in progress continue where they were
+            envs.set_state(checkpoint["envs"])
+            next_obs, discounted_return, episodic_return, episodic_length = checkpoint["episodes"]
+            next_obs, discounted_return = next_obs.to(device), discounted_return.to(device)
+            episodic_return, episodic_length = episodic_return.numpy(), episodic_length.numpy()
 
-    try:
-        for iteration in range(1, args.num_iterations + 1):
-            # Annealing the rate if instructed to do so.
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+    for iteration in range(iteration + 1, args.num_iterations + 1):
+        # Annealing the rate if instructed to do so.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            # Simulated asynchrony: the learner's policy joins the buffer, then each actor draws the entry it
-            # acts with for this whole rollout. Actors that drew the same entry act as one batch.
-            policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
-            staleness = draw_staleness(len(policy_buffer), args.num_envs, args.lag_mode, rng)
-            actor_groups = [
-                (policy_buffer[-1 - k], torch.as_tensor(np.flatnonzero(staleness == k), device=device))
-                for k in np.unique(staleness)
-            ]
+        # Simulated asynchrony: the learner's policy joins the buffer, then each actor draws the entry it
+        # acts with for this whole rollout. Actors that drew the same entry act as one batch.
+        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
+        staleness = draw_staleness(len(policy_buffer), args.num_envs, args.lag_mode, rng)
+        actor_groups = [
+            (policy_buffer[-1 - k], torch.as_tensor(np.flatnonzero(staleness == k), device=device))
+            for k in np.unique(staleness)
+        ]
 
-            rollout_start = time.time()
-            finished_returns, finished_lengths = [], []
-            for step in range(0, args.num_steps):
-                global_step += args.num_envs
-                obs[step] = next_obs
+        rollout_start = time.time()
+        finished_returns, finished_lengths = [], []
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
 
-                # ALGO LOGIC: action logic, with the policy each actor drew; log beta(a|s) is the acting policy's.
-                with torch.no_grad():
-                    for actor, env_idx in actor_groups:
-                        dist = actor.get_dist(next_obs[env_idx])
-                        action = dist.sample()
-                        actions[step, env_idx] = action
-                        logprobs[step, env_idx] = dist.log_prob(action).sum(1)
-
-                # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
-                next_obs_np, reward, terminated, truncated, final_obs = envs.step(
-                    np.clip(actions[step].cpu().numpy(), action_low, action_high)
-                )
-                done = np.logical_or(terminated, truncated)
-                episodic_return += reward
-                episodic_length += 1
-                if done.any():
-                    finished_returns.extend(episodic_return[done])
-                    finished_lengths.extend(episodic_length[done])
-                    episodic_return[done] = 0.0
-                    episodic_length[done] = 0
-
-                reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
-                done_t = torch.as_tensor(done, dtype=torch.float32, device=device)
-                discounted_return = discounted_return * args.gamma + reward_t
-                return_rms.update(discounted_return)
-                rewards[step] = (reward_t / torch.sqrt(return_rms.var.float() + 1e-8)).clamp(-10.0, 10.0)
-                discounted_return = discounted_return * (1.0 - done_t)
-                terminations[step] = torch.as_tensor(terminated, dtype=torch.float32, device=device)
-                dones[step] = done_t
-                next_obs_buf[step] = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-            rollout_seconds += time.time() - rollout_start
-            update_start = time.time()
-
-            # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
+            # ALGO LOGIC: action logic, with the policy each actor drew; log beta(a|s) is the acting policy's.
             with torch.no_grad():
-                values = agent.get_value(obs)
-                next_values = agent.get_value(next_obs_buf)
-                # log pi_T(a|s), the learner's policy before the update: pi_T / beta is the backward lag.
-                start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
-                backward_tv = total_variation(start_logprobs - logprobs).item()
-                returns, advantages = vtrace(
-                    rewards,
-                    values,
-                    next_values,
-                    terminations,
-                    dones,
-                    start_logprobs - logprobs,
-                    args.gamma,
-                    args.gae_lambda,
-                    args.rho_bar,
-                    args.c_bar,
-                )
+                for actor, env_idx in actor_groups:
+                    dist = actor.get_dist(next_obs[env_idx])
+                    action = dist.sample()
+                    actions[step, env_idx] = action
+                    logprobs[step, env_idx] = dist.log_prob(action).sum(1)
 
-            # flatten the batch
-            b_obs = obs.reshape((-1, obs_dim))
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape((-1, act_dim))
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
-
-            # Optimizing the policy and value network
-            b_inds = np.arange(args.batch_size)
-            for epoch in range(args.update_epochs):
-                rng.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
-                    if epoch or start:  # realign on the fly (the first minibatch has the targets computed above)
-                        with torch.no_grad():
-                            returns, advantages = vtrace(
-                                rewards,
-                                agent.get_value(obs),
-                                agent.get_value(next_obs_buf),
-                                terminations,
-                                dones,
-                                agent.get_dist(obs).log_prob(actions).sum(-1) - logprobs,
-                                args.gamma,
-                                args.gae_lambda,
-                                args.rho_bar,
-                                args.c_bar,
-                            )
-                        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-
-                    dist = agent.get_dist(b_obs[mb_inds])
-                    newlogprob = dist.log_prob(b_actions[mb_inds]).sum(1)
-                    entropy = dist.entropy().sum(1)
-                    newvalue = agent.get_value(b_obs[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                    pg_loss = policy_loss(newlogprob, mb_advantages)
-                    v_loss = value_loss(
-                        newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef if args.clip_vloss else None
-                    )
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"non-finite loss at iteration {iteration} (epoch {epoch + 1})")
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
-
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
-
-            with torch.no_grad():
-                final_tv = total_variation(agent.get_dist(b_obs).log_prob(b_actions).sum(1) - b_logprobs).item()
-            # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
-            # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
-            agent.obs_rms.update(b_obs)
-            update_seconds += time.time() - update_start
-
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-
-            # TRY NOT TO MODIFY: record rewards for plotting purposes
-            sps = int(global_step / (time.time() - start_time))
-            if finished_returns:
-                return_history.append((global_step, float(np.mean(finished_returns))))
-                writer.add_scalar("charts/episodic_return", np.mean(finished_returns), global_step)
-                writer.add_scalar("charts/episodic_length", np.mean(finished_lengths), global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("lag/staleness_mean", staleness.mean(), global_step)
-            writer.add_scalar("lag/staleness_max", staleness.max(), global_step)
-            writer.add_scalar("lag/backward_tv", backward_tv, global_step)
-            writer.add_scalar("lag/final_tv", final_tv, global_step)
-            writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)
-            writer.add_scalar("perf/update_seconds", update_seconds, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            recent = f"{return_history[-1][1]:.1f}" if return_history else "n/a"
-            eta = format_eta((args.num_iterations - iteration) * (time.time() - start_time) / iteration)
-            # One live line on a terminal, one line per iteration in a log file.
-            live = sys.stdout.isatty()
-            print(
-                ("\r" if live else "") + f"[{iteration}/{args.num_iterations}] step {global_step:,} | SPS {sps:,} | "
-                f"return {recent} | final TV {final_tv:.3f} | ETA {eta}  ",
-                end="" if live else "\n",
-                flush=True,
+            # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
+            next_obs_np, reward, terminated, truncated, final_obs = envs.step(
+                np.clip(actions[step].cpu().numpy(), action_low, action_high)
             )
-    except KeyboardInterrupt:
-        interrupted = True
-        print(f"\ninterrupted at step {global_step:,}", flush=True)
-    except FloatingPointError as e:
-        writer.close()
-        envs.close()
-        sys.exit(f"\nerror: {e}; stopping (nothing saved)")
-    if sys.stdout.isatty():
-        print()
+            done = np.logical_or(terminated, truncated)
+            episodic_return += reward
+            episodic_length += 1
+            if done.any():
+                finished_returns.extend(episodic_return[done])
+                finished_lengths.extend(episodic_length[done])
+                episodic_return[done] = 0.0
+                episodic_length[done] = 0
+
+            reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            done_t = torch.as_tensor(done, dtype=torch.float32, device=device)
+            discounted_return = discounted_return * args.gamma + reward_t
+            return_rms.update(discounted_return)
+            rewards[step] = (reward_t / torch.sqrt(return_rms.var.float() + 1e-8)).clamp(-10.0, 10.0)
+            discounted_return = discounted_return * (1.0 - done_t)
+            terminations[step] = torch.as_tensor(terminated, dtype=torch.float32, device=device)
+            dones[step] = done_t
+            next_obs_buf[step] = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+        rollout_seconds += time.time() - rollout_start
+        update_start = time.time()
+
+        # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
+        with torch.no_grad():
+            values = agent.get_value(obs)
+            next_values = agent.get_value(next_obs_buf)
+            # log pi_T(a|s), the learner's policy before the update: pi_T / beta is the backward lag.
+            start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
+            backward_tv = total_variation(start_logprobs - logprobs).item()
+            vtrace_coefs = (args.gamma, args.gae_lambda, args.rho_bar, args.c_bar)
+            advantages, returns = vtrace(
+                rewards, values, next_values, terminations, dones, start_logprobs - logprobs, *vtrace_coefs
+            )
+
+        # flatten the batch
+        b_obs = obs.reshape((-1, obs_dim))
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape((-1, act_dim))
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimizing the policy and value network
+        b_inds = np.arange(args.batch_size)
+        for epoch in range(args.update_epochs):
+            rng.shuffle(b_inds)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                if epoch or start:  # realign on the fly (the first minibatch has the targets computed above)
+                    with torch.no_grad():
+                        log_rhos = agent.get_dist(obs).log_prob(actions).sum(-1) - logprobs
+                        v, next_v = agent.get_value(obs), agent.get_value(next_obs_buf)
+                        advantages, returns = vtrace(rewards, v, next_v, terminations, dones, log_rhos, *vtrace_coefs)
+                    b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+
+                dist = agent.get_dist(b_obs[mb_inds])
+                newlogprob = dist.log_prob(b_actions[mb_inds]).sum(1)
+                entropy = dist.entropy().sum(1)
+                newvalue = agent.get_value(b_obs[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+
+                with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                pg_loss = policy_loss(newlogprob, mb_advantages)
+                v_loss = value_loss(
+                    newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef if args.clip_vloss else None
+                )
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                if not torch.isfinite(loss):
+                    sys.exit(f"error: non-finite loss at iteration {iteration} (epoch {epoch + 1}); stopping (nothing saved)")
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        with torch.no_grad():
+            final_tv = total_variation(agent.get_dist(b_obs).log_prob(b_actions).sum(1) - b_logprobs).item()
+        # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
+        # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
+        agent.obs_rms.update(b_obs)
+        update_seconds += time.time() - update_start
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        sps = int(global_step / (time.time() - start_time))
+        if finished_returns:
+            return_history.append((global_step, float(np.mean(finished_returns))))
+            writer.add_scalar("charts/episodic_return", np.mean(finished_returns), global_step)
+            writer.add_scalar("charts/episodic_length", np.mean(finished_lengths), global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("lag/staleness_mean", staleness.mean(), global_step)
+        writer.add_scalar("lag/staleness_max", staleness.max(), global_step)
+        writer.add_scalar("lag/backward_tv", backward_tv, global_step)
+        writer.add_scalar("lag/final_tv", final_tv, global_step)
+        writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)
+        writer.add_scalar("perf/update_seconds", update_seconds, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        last_return = return_history[-1][1] if return_history else float("nan")
+        print(
+            f"[{iteration}/{args.num_iterations}] step {global_step:,} | SPS {sps:,} | return {last_return:.1f} | final TV {final_tv:.3f}"
+        )
+        if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            episodes = (next_obs, discounted_return, torch.from_numpy(episodic_return), torch.from_numpy(episodic_length))
+            progress = (
+                global_step,
+                iteration,
+                final_tv,
+                rollout_seconds,
+                update_seconds,
+                time.time() - start_time,
+                return_history,
+            )
+            extra = dict(
+                envs=envs.get_state(), episodes=episodes, progress=progress, wandb_id=wandb.run.id if args.track else None
+            )
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, policy_buffer, return_rms, rng, **extra)
+        if stop:
+            break
 
     if args.save_model:
         model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
@@ -693,29 +815,26 @@ if __name__ == "__main__":
         print(f"model saved to {model_path}")
 
     eval_returns = []
-    if args.eval_episodes > 0 and not interrupted:
+    if args.eval_episodes > 0 and not stop:
         eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
-        for idx, episodic_return in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
         print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
 
-    if not interrupted:
-        last = [r for s, r in return_history if s > 0.9 * global_step] or [r for _, r in return_history[-1:]]
-        summary = {
-            "global_step": global_step,
-            "sps": int(global_step / (time.time() - start_time)),
-            "final_return": float(np.mean(last)) if last else None,
-            "final_tv": final_tv,
-            "rollout_seconds": rollout_seconds,
-            "update_seconds": update_seconds,
-            "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
-        }
-        with open(f"{run_dir}/summary.json", "w") as f:
-            json.dump(summary, f, indent=2)
-
+    summary = {
+        "global_step": global_step,
+        "sps": int(global_step / (time.time() - start_time)),
+        "last_return": return_history[-1][1] if return_history else None,
+        "final_tv": final_tv,
+        "rollout_seconds": rollout_seconds,
+        "update_seconds": update_seconds,
+        "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
+        "interrupted": bool(stop),
+    }
+    with open(f"{run_dir}/summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
     envs.close()
     writer.close()
     if args.track:
         wandb.finish()
-    if interrupted:
-        sys.exit(130)
+    if stop:
+        sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run

@@ -1,7 +1,9 @@
 """Shared helpers for the tests: run a script (in a subprocess or in-process) and read what it logged."""
 
+import importlib
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,11 @@ TINY = [
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": "egl", "WANDB_MODE": "disabled"}
 
 
+def import_script(script):
+    """The script as a module (its __main__ block does not run)."""
+    return importlib.import_module(script)
+
+
 def existing_scripts():
     return [pytest.param(s, id=s) for s in MUJOCO_SCRIPTS if (ROOT / f"{s}.py").exists()]
 
@@ -57,12 +64,14 @@ def run_script(script, *args, env=None, timeout=600, check=True):
 
 def run_in_process(script, *args):
     """Run a script's main block in this process and return its globals (the last iteration's buffers)."""
-    argv = sys.argv
+    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = [str(ROOT / f"{script}.py"), *map(str, args)]
     try:
         return runpy.run_path(str(ROOT / f"{script}.py"), run_name="__main__")
     finally:
         sys.argv = argv
+        for s, handler in handlers.items():  # the script installs its own
+            signal.signal(s, handler)
         torch.set_num_threads(1)
 
 

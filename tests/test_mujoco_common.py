@@ -4,6 +4,7 @@ Every test here runs for each script that exists, so a common part that drifts i
 
 import ast
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MUJOCO_SCRIPTS, ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_in_process, run_script
+from conftest import (
+    MUJOCO_SCRIPTS,
+    ROOT,
+    SUBPROCESS_ENV,
+    TINY,
+    existing_scripts,
+    import_script,
+    read_scalars,
+    run_in_process,
+    run_script,
+)
 
 COMMON_KEYS = {
     "charts/episodic_return",
@@ -41,43 +52,100 @@ SCRIPT_KEYS = {
 }
 
 
-def import_script(script):
-    return __import__(script)
-
-
+# (argv, the error line's expected text, the scripts it applies to: None for all)
 BAD_INPUT = [
-    (["--lag", "-1"], "--lag must be >= 0"),
-    (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide into 4 minibatches"),
-    (["--env-id", "CartPole-v1"], "only continuous (Box)"),
-    (["--env-id", "NoSuchEnv-v9"], "unknown env id"),
-    (["--env-id", "NoSuchEnv-v9", "--env-backend", "envpool"], "unknown env id for envpool"),
-    (["--num-envs", "0"], "--num-envs must be positive"),
-    (["--update-epochs", "0"], "--update-epochs must be positive"),
-    (["--total-timesteps", "100"], "less than one batch"),
-    (["--learning-rate", "nan"], "--learning-rate must be a positive number"),
-    (["--env-backend", "envpool", "--capture-video"], "--capture-video needs --env-backend gymnasium"),
+    (["--lag", "-1"], "--lag must be >= 0, got -1", None),
+    (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide into 4 minibatches", None),
+    (["--env-id", "CartPole-v1"], "only continuous (Box)", None),
+    (["--env-id", "NoSuchEnv-v9"], "unknown env id", None),
+    (["--env-id", "NoSuchEnv-v9", "--env-backend", "envpool"], "unknown env id for envpool", None),
+    (["--num-envs", "0"], "--num-envs must be > 0, got 0", None),
+    (["--update-epochs", "0"], "--update-epochs must be > 0", None),
+    (["--total-timesteps", "100"], "less than one batch", None),
+    (["--learning-rate", "nan"], "--learning-rate must be a positive number, got nan", None),
+    (["--env-backend", "envpool", "--capture-video"], "--capture-video needs --env-backend gymnasium", None),
+    (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5", None),
+    (["--gae-lambda", "-0.5"], "--gae-lambda must be in [0, 1], got -0.5", None),
+    (["--clip-coef", "-0.2"], "--clip-coef must be a positive number, got -0.2", None),
+    (["--clip-coef", "0"], "--clip-coef must be a positive number, got 0.0", None),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0", None),
+    (["--target-kl", "-1"], "--target-kl must be > 0, got -1.0", None),
+    (["--seed", "-1"], "--seed must be >= 0, got -1", None),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1", None),
+    (["--tv-threshold", "-1"], "--tv-threshold must be > 0, got -1.0", {"vaco_mujoco"}),
+    (["--tv-threshold", "0"], "--tv-threshold must be > 0, got 0.0", {"vaco_mujoco"}),
+    (["--rho-bar", "0"], "--rho-bar must be > 0, got 0.0", {"vaco_mujoco", "impala_mujoco"}),
+    (["--c-bar", "-1"], "--c-bar must be > 0, got -1.0", {"vaco_mujoco", "impala_mujoco"}),
+    (["--c-bar", "0"], "--c-bar must be > 0, got 0.0", {"vaco_mujoco", "impala_mujoco"}),
+    (["--env-id", "Hopper-v2"], "Hopper-v2 cannot be built: ImportError: The mujoco v2 and v3 based environments", None),
+    (["--env-id", "CarRacing-v3"], "CarRacing-v3 cannot be built: DependencyNotInstalled: Box2D is not installed", None),
+    (["--num-envs", "1", "--num-steps", "32"], "a minibatch of 1 sample cannot be normalised (--norm-adv)", None),
+    (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
+    (["--num-envs", "1000000", "--num-steps", "100"], "1000000 x 100 steps need ~", None),
+    (["--run-dir", "/etc/hostname/run"], "--run-dir /etc/hostname/run: /etc/hostname is not a writable folder", None),
+    (
+        ["--resume", "--run-dir", "/nonexistent/run"],
+        "--resume needs a --run-dir that holds a checkpoint.pt (got /nonexistent/run)",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("script", existing_scripts())
-@pytest.mark.parametrize("argv,message", BAD_INPUT, ids=[m for _, m in BAD_INPUT])
+def bad_input_cases():
+    return [
+        pytest.param(script, argv, message, id=f"{script}:{' '.join(argv)}")
+        for script in MUJOCO_SCRIPTS
+        for argv, message, only in BAD_INPUT
+        if only is None or script in only
+    ]
+
+
+@pytest.mark.parametrize("script,argv,message", bad_input_cases())
 def test_bad_input_is_one_line_and_exit_2(script, argv, message, capsys):
     module = import_script(script)
     with pytest.raises(SystemExit) as exc:
         module.parse_args(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("script", existing_scripts())
-def test_bad_input_exits_before_work_in_a_subprocess(script):
-    before = set((ROOT / "runs").glob("*")) if (ROOT / "runs").exists() else set()
-    proc = run_script(script, "--lag=-3", check=False)
+def test_existing_run_is_refused_unless_resume_or_overwrite(script, tmp_path, capsys):
+    module = import_script(script)
+    (tmp_path / "args.json").write_text(json.dumps({"lag": 0}))
+    with pytest.raises(SystemExit) as exc:
+        module.parse_args([*TINY, "--run-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    assert (
+        capsys.readouterr().err == f"error: {tmp_path} already holds a run: --resume continues it, --overwrite replaces it\n"
+    )
+    assert module.parse_args([*TINY, "--run-dir", str(tmp_path), "--overwrite"]).overwrite
+
+
+@pytest.mark.parametrize(
+    "argv,env,message",
+    [
+        (["--lag=-3"], {}, r"error: --lag must be >= 0, got -3\n"),
+        (["--run-dir", "/proc/x/run"], {}, r"error: .*/proc.*\n"),  # as root: caught when the folder is made
+        (["--capture-video"], {"MUJOCO_GL": None, "DISPLAY": None}, r"error: --capture-video: no OpenGL renderer .*\n"),
+    ],
+    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer"],
+)
+@pytest.mark.parametrize("script", existing_scripts())
+def test_bad_input_exits_before_work_in_a_subprocess(script, argv, env, message, tmp_path):
+    env = {k: v for k, v in {**SUBPROCESS_ENV, **env}.items() if v is not None}
+    run_dir = ["--run-dir", str(tmp_path / "run")] if "--run-dir" not in argv else []
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / f"{script}.py"), *TINY, *run_dir, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: --lag must be >= 0, got -3"
-    after = set((ROOT / "runs").glob("*")) if (ROOT / "runs").exists() else set()
-    assert after == before  # no run directory was created
+    assert re.fullmatch(message, proc.stderr), proc.stderr
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == []  # no run folder, nothing else
 
 
 @pytest.mark.parametrize("script", existing_scripts())
@@ -106,7 +174,13 @@ def test_common_code_is_identical_across_scripts():
         "draw_staleness",
         "total_variation",
         "value_loss",
-        "format_eta",
+        "CHECKS",
+        "RESUME_MAY_CHANGE",
+        "env_spaces",
+        "prepare_run_dir",
+        "stop_on_signals",
+        "save_checkpoint",
+        "load_checkpoint",
     }
     sources = {}
     for script in MUJOCO_SCRIPTS:
@@ -115,7 +189,8 @@ def test_common_code_is_identical_across_scripts():
             continue
         text = path.read_text()
         tree = ast.parse(text)
-        sources[script] = {n.name: ast.get_source_segment(text, n) for n in tree.body if getattr(n, "name", None) in common}
+        names = {n: getattr(n, "name", None) or (isinstance(n, ast.Assign) and n.targets[0].id) for n in tree.body}
+        sources[script] = {name: ast.get_source_segment(text, n) for n, name in names.items() if name in common}
         assert set(sources[script]) == common, f"{script} lacks {common - set(sources[script])}"
     for script, defs in sources.items():
         for name in common:
@@ -189,6 +264,13 @@ def test_same_seed_same_result(script, tmp_path):
     assert not torch.equal(other["actor_logstd"], models[0]["actor_logstd"])
 
 
+def readme_snippet(marker):
+    """The README's python block that contains `marker`."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
 def test_save_then_evaluate_round_trip(tmp_path):
     import ppo_mujoco
 
@@ -196,12 +278,17 @@ def test_save_then_evaluate_round_trip(tmp_path):
     saved = torch.load(tmp_path / "ppo_mujoco.cleanrl_model", weights_only=True)
     assert saved["args"]["env_id"] == "Hopper-v5"
     assert saved["agent"]["obs_rms.count"] > 100  # the observation statistics travel with the weights
-    agent = ppo_mujoco.load_agent(tmp_path / "ppo_mujoco.cleanrl_model")
-    returns = ppo_mujoco.evaluate(agent, "Hopper-v5", 2, seed=1 + 10_000)
-    logged = [v for _, v in read_scalars(tmp_path)["eval/episodic_return"]]
-    np.testing.assert_allclose(returns, logged, rtol=1e-5)
+    # The README's load-and-evaluate snippet runs as written against this model.
+    namespace = {}
+    exec(readme_snippet("load_agent(").replace("runs/Hopper-v5__ppo_mujoco__1__1700000000", str(tmp_path)), namespace)
+    assert len(namespace["returns"]) == 10 and np.isfinite(namespace["returns"]).all()
+    # The logged evaluation is the mean over its episodes, at the last training step (wandb's step never goes back).
+    returns = ppo_mujoco.evaluate(
+        ppo_mujoco.load_agent(tmp_path / "ppo_mujoco.cleanrl_model"), "Hopper-v5", 2, seed=1 + 10_000
+    )
+    assert read_scalars(tmp_path)["eval/episodic_return"] == [(512, pytest.approx(np.mean(returns), rel=1e-5))]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["eval_return"] == pytest.approx(np.mean(returns), rel=1e-5)
+    assert summary["eval_return"] == pytest.approx(np.mean(returns), rel=1e-5) and summary["interrupted"] is False
 
 
 def test_non_finite_loss_stops_with_a_message(tmp_path):
@@ -217,24 +304,66 @@ def test_non_finite_loss_stops_with_a_message(tmp_path):
     assert not (tmp_path / "ppo_mujoco.cleanrl_model").exists() and not (tmp_path / "summary.json").exists()
 
 
-def test_ctrl_c_still_saves_the_model(tmp_path):
-    cmd = [
-        sys.executable,
-        str(ROOT / "ppo_mujoco.py"),
-        *TINY,
-        "--total-timesteps",
-        "1000000",
-        "--save-model",
-        "--run-dir",
-        str(tmp_path),
-    ]
+def start_and_signal(script, run_dir, sig, *args):
+    """Start a tiny run, send `sig` once its first iteration is logged; return (returncode, stdout)."""
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), *TINY, *args, "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == f"run folder: {run_dir}\n"
     assert proc.stdout.readline().startswith("[1/")  # training is under way
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "interrupted at step" in out
-    assert (tmp_path / "ppo_mujoco.cleanrl_model").exists()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_after_the_iteration_and_saves(sig, code, tmp_path):
+    import ppo_mujoco
+
+    returncode, out, err = start_and_signal("ppo_mujoco", tmp_path, sig, "--total-timesteps", "1000000", "--save-model")
+    assert returncode == code, err
+    assert f"{signal.Signals(sig).name}: stopping after this iteration" in out
+    agent = ppo_mujoco.load_agent(tmp_path / "ppo_mujoco.cleanrl_model")  # saved and loadable
+    assert agent.obs_rms.count > 100
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and 0 < summary["global_step"] < 1_000_000
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_stopped_and_resumed_run_is_bit_identical(script, tmp_path):
+    args = ["--total-timesteps", "1280", "--lag", "2", "--checkpoint-every", "2", "--save-model", "--eval-episodes", "1"]
+    run_script(script, *TINY, *args, "--run-dir", tmp_path / "whole")
+    returncode, out, err = start_and_signal(script, tmp_path / "parts", signal.SIGTERM, *args)
+    assert returncode == 143, err
+    stopped = json.loads((tmp_path / "parts" / "summary.json").read_text())
+    assert stopped["interrupted"] and stopped["global_step"] < 1280
+    resumed = run_script(script, "--resume", "--run-dir", tmp_path / "parts")
+    assert f"[{stopped['global_step'] // 256 + 1}/5]" in resumed.stdout  # it continued where it stopped
+    whole, parts = read_scalars(tmp_path / "whole"), read_scalars(tmp_path / "parts")
+    timing = {"charts/SPS", "perf/rollout_seconds", "perf/update_seconds"}
+    assert set(whole) == set(parts)
+    for tag in set(whole) - timing:
+        assert whole[tag] == parts[tag], tag
+    models = [torch.load(tmp_path / d / f"{script}.cleanrl_model", weights_only=True)["agent"] for d in ("whole", "parts")]
+    for key in models[0]:
+        assert torch.equal(models[0][key], models[1][key]), key
+    assert json.loads((tmp_path / "parts" / "summary.json").read_text())["interrupted"] is False
+    assert not list((tmp_path / "parts").glob("*.tmp"))  # checkpoints are written to a temporary file, then renamed
+
+
+def test_resume_refuses_changed_arguments(tmp_path, capsys):
+    import ppo_mujoco
+
+    run_script("ppo_mujoco", *TINY, "--checkpoint-every", "1", "--run-dir", tmp_path)
+    with pytest.raises(SystemExit):
+        ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--lag", "3", "--gamma", "0.9"])
+    assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change lag, gamma\n"
+    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--total-timesteps", "512"])
+    assert args.save_model and args.num_envs == 4 and args.resume  # the saved arguments, plus a safe change
+    # --overwrite replaces the run: nothing of the first one is left.
+    first_events = set(tmp_path.glob("events.out.tfevents.*"))
+    run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)
+    assert not first_events & set(tmp_path.glob("events.out.tfevents.*")) and not (tmp_path / "checkpoint.pt").exists()
 
 
 def test_capture_video_headless(tmp_path):
