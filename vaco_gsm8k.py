@@ -18,7 +18,7 @@ the generating weights at the sampling temperature, and stay frozen. Per-token r
 r = pi_theta / beta. Losses (`--loss`):
 
 - ppo-clip: -min(r A, clip(r, 1 - 0.2, 1 + 0.272) A) per token (asymmetric "clip-higher");
-- vaco: D = 1/2 mean|r - 1| over the minibatch's completion tokens; when D > delta/2, tokens with
+- vaco: D = 1/2 mean|r - 1| over the minibatch's completion tokens; when D > tv_threshold/2, tokens with
   A * sign(log pi_theta - log beta) > 0 are masked; loss -M r A per token, no clipping.
 
 Token aggregation: both losses are summed over completion tokens and divided by the number of
@@ -39,8 +39,10 @@ Usage:
 """
 
 import collections
+import contextlib
 import copy
 import dataclasses
+import io
 import json
 import math
 import os
@@ -56,9 +58,15 @@ from typing import Literal, Optional
 import huggingface_hub
 import numpy as np
 import torch
+import transformers
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+# Quiet logs: no download/loading/saving progress bars and no library warnings in the run's log.
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+huggingface_hub.utils.disable_progress_bars()
 
 
 @dataclass
@@ -125,8 +133,8 @@ class Args:
     """PPO-clip lower ratio: r is clipped below at 1 - clip_low (paper: 0.2)"""
     clip_high: float = 0.272
     """PPO-clip higher ratio: r is clipped above at 1 + clip_high (paper: 0.272)"""
-    delta: float = 0.05
-    """VACO TV threshold: the filter acts when D > delta/2 (paper: 0.05)"""
+    tv_threshold: float = 0.05
+    """VACO's TV threshold delta: the filter acts when D > delta/2 (paper: 0.05)"""
     eval_every: int = 10
     """greedy evaluation every this many iterations, plus before training and at the end (0: never)"""
     eval_size: int = 256
@@ -142,9 +150,8 @@ STEP_TAGS = {
     "approx_kl": "losses/approx_kl",
     "grad_norm": "losses/grad_norm",
     "clip_fraction": "losses/clipfrac",
-    "tv": "lag/minibatch_tv",
+    "tv": "vaco/tv",
     "filter_fraction": "vaco/filter_frac",
-    "over_budget": "vaco/over_budget",
 }
 ITERATION_TAGS = {
     "reward": "charts/reward",
@@ -212,7 +219,7 @@ def validate(args: Args) -> Optional[str]:
             f"--micro-batch-size ({args.micro_batch_size}) must divide "
             f"--prompts-per-step x --num-generations ({sequences})"
         )
-    for name in ["temperature", "learning_rate", "max_grad_norm", "clip_high", "delta"]:
+    for name in ["temperature", "learning_rate", "max_grad_norm", "clip_high", "tv_threshold"]:
         if not getattr(args, name) > 0:
             return f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}"
     if not 0 < args.clip_low < 1:
@@ -227,7 +234,16 @@ def validate(args: Args) -> Optional[str]:
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = tyro.cli(Args, args=normalise_bool_flags(argv))
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, args=normalise_bool_flags(argv))
+    except SystemExit as stop:
+        if stop.code:  # tyro's boxed message, folded into one line
+            body = captured.getvalue().split("\n", 1)[-1]  # below the top border, which repeats the title
+            text = " ".join(re.sub(r"[\u2500-\u257f]", " ", body).split())
+            fail(text.split(" For full helptext")[0].split(" Argument helptext")[0])
+        raise
     error = validate(args)
     if error:
         fail(error)
@@ -680,7 +696,7 @@ def train(args: Args) -> dict:
                 # D is a statistic of the whole minibatch, but gradients accumulate micro-batch by
                 # micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
                 current = score(model, batch, args.micro_batch_size, args.temperature, autocast)
-                over_budget = tv_estimate(torch.cat(current) - torch.cat(batch["logp_behaviour"])) > args.delta / 2
+                over_budget = tv_estimate(torch.cat(current) - torch.cat(batch["logp_behaviour"])) > args.tv_threshold / 2
             optimizer.zero_grad(set_to_none=True)
             sums = collections.Counter()
             for j, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, args.micro_batch_size)):
@@ -694,7 +710,7 @@ def train(args: Args) -> dict:
                     per_token, dropped = ppo_clip_loss(logp, logp_behaviour, advantages, args.clip_low, args.clip_high)
                 else:
                     if single_pass:
-                        over_budget = tv_estimate(log_ratio) > args.delta / 2
+                        over_budget = tv_estimate(log_ratio) > args.tv_threshold / 2
                     per_token, dropped = vaco_loss(logp, logp_behaviour, advantages, over_budget)
                 loss = per_token.sum() / num_tokens
                 if not torch.isfinite(loss):

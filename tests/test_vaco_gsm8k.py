@@ -281,7 +281,7 @@ def test_mean_reward_rises(tiny, tmp_path, toy_reward, loss):
     assert any(s[dropped] > 0.0 for s in later)
     if loss == "vaco":
         assert all(s["filter_fraction"] == 0.0 for s in history["steps"] if not s["over_budget"])
-        assert all(s["over_budget"] == float(s["tv"] > V.Args.delta / 2) for s in history["steps"])
+        assert all(s["over_budget"] == float(s["tv"] > V.Args.tv_threshold / 2) for s in history["steps"])
 
 
 def test_vaco_filter_with_gradient_accumulation_matches_one_pass(tiny, tmp_path, toy_reward):
@@ -341,11 +341,14 @@ def expect_usage_error(capsys, call, *fragments):
         (["--forward-lag", "0"], "--forward-lag"),
         (["--lag", "-1"], "--lag"),
         (["--clip-low", "1.5"], "--clip-low"),
-        (["--delta", "0"], "--delta"),
+        (["--tv-threshold", "0"], "--tv-threshold"),
         (["--data-file", "/no/such/train.jsonl"], "does not exist"),
         (["--eval-data-file", "/no/such/test.jsonl"], "does not exist"),
         (["--model-id", "/no/such/model"], "no such model folder"),
         (["--model-id", "./not/here"], "no such model folder"),
+        (["--seed", "abc"], "--seed"),  # tyro's own errors are folded into one line too
+        (["--no-such-flag", "1"], "Unrecognized options"),
+        (["--loss", "sgd"], "--loss"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
@@ -418,6 +421,7 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("iter ") == 2 and result.stdout.count("eval step") == 3
+    assert "it/s" not in result.stderr + result.stdout and "Warning" not in result.stderr  # quiet: no progress bars
 
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "gsm8k__vaco_gsm8k__vaco__1__*"))
     saved = json.loads(Path(run_dir, "args.json").read_text())
@@ -429,7 +433,7 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     expected |= {"eval/accuracy", "eval/format_rate"}
     assert expected <= tags, expected - tags
     assert "losses/clipfrac" not in tags  # a PPO-clip statistic
-    assert len(events.Scalars("lag/minibatch_tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
+    assert len(events.Scalars("vaco/tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
     model, tokenizer = V.load_model_and_tokenizer(os.path.join(run_dir, "model"))
     assert tokenizer.chat_template == V.AutoTokenizer.from_pretrained(tiny["llama"]).chat_template
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
