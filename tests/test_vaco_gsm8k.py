@@ -3,10 +3,12 @@ built in code (tests/fixtures_gsm8k/tiny_setup.py), saved to a temp folder and l
 script's own loading path, and a GSM8k-schema JSONL written by the tests."""
 
 import copy
+import dataclasses
 import glob
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +54,7 @@ def tiny_args(tiny, tmp_path, **overrides) -> V.Args:
         max_new_tokens=12,
         learning_rate=3e-3,
         torch_threads=1,
+        overwrite=True,
     )
     settings.update(overrides)
     return V.Args(**settings)
@@ -66,43 +69,82 @@ def toy_reward(monkeypatch):
 # ---------------------------------------------------------------- reward
 
 
-@pytest.mark.parametrize(
-    "completion, expected",
-    [
-        ("so the total is 42.\n#### 42", 42.0),
-        ("#### 1,234", 1234.0),
-        ("####1,234,567", 1234567.0),
-        ("#### -5", -5.0),
-        ("#### 3.50", 3.5),
-        ("#### .5", 0.5),
-        ("#### $18", 18.0),
-        ("#### $1,000.00", 1000.0),
-        ("#### 18.", 18.0),
-        ("####   7 apples", 7.0),
-        ("#### 12\n#### 13", 12.0),  # several answers: the first counts
-        ("the answer is 12", None),  # no #### at all
-        ("#### ", None),
-        ("#### twelve", None),
-        ("#### inf", None),
-        ("#### 1e5", None),
-        ("#### 1_000", None),
-        ("#### 3.5.2", None),
-    ],
-)
-def test_extract_answer(completion, expected):
-    assert V.extract_answer(completion) == expected
+# The reward battery: (completion, reference, reward, strict `####` answer or None). The rules are
+# docs/method.md §4: the last `####` line that holds a number, else the last \boxed{}, else the last number.
+BATTERY = [
+    # plain GSM8k format
+    ("so the total is 42.\n#### 42", 42, 1.0, 42.0),
+    ("#### 1,234", 1234, 1.0, 1234.0),
+    ("####1,234,567", 1234567, 1.0, 1234567.0),
+    ("#### 1072.0", 1072, 1.0, 1072.0),
+    ("#### 1071", 1072, 0.0, 1071.0),
+    # markdown and LaTeX decoration
+    ("#### **18**", 18, 1.0, 18.0),
+    ("#### *18*", 18, 1.0, 18.0),
+    ("#### `18`", 18, 1.0, 18.0),
+    ("#### \\boxed{18}", 18, 1.0, 18.0),
+    ("#### $\\boxed{18}$", 18, 1.0, 18.0),
+    ("#### \\(18\\)", 18, 1.0, 18.0),
+    ("#### **Final answer: 18**", 18, 1.0, 18.0),
+    ("#### Answer: 18", 18, 1.0, 18.0),
+    ("#### The answer is 18", 18, 1.0, 18.0),
+    # units, currency, percent
+    ("#### $18", 18, 1.0, 18.0),
+    ("#### \\$18", 18, 1.0, 18.0),
+    ("#### $1,000.00", 1000, 1.0, 1000.0),
+    ("#### 18%", 18, 1.0, 18.0),
+    ("####   7 apples", 7, 1.0, 7.0),
+    ("#### 60 km", 60, 1.0, 60.0),
+    ("#### 1,000", 1000, 1.0, 1000.0),
+    # decimals and signs
+    ("#### 3.50", 3.5, 1.0, 3.5),
+    ("#### .5", 0.5, 1.0, 0.5),
+    ("#### 18.", 18, 1.0, 18.0),
+    ("#### -5", -5, 1.0, -5.0),
+    ("#### \u22125", -5, 1.0, -5.0),  # a typographic minus sign
+    ("#### +5", 5, 1.0, 5.0),
+    ("#### 0.333", 1 / 3, 0.0, 0.333),  # compared to 1e-6: rounding is not the answer
+    # an equation on the answer line: the value after the last =
+    ("#### 3 + 4 = 7", 7, 1.0, 7.0),
+    ("#### 12 * 3 = $36", 36, 1.0, 36.0),
+    # several #### and markdown headings: the last #### line holding a number counts
+    ("#### 12\n#### 13", 13, 1.0, 13.0),
+    ("#### 5 then\n#### 1072", 1072, 1.0, 1072.0),
+    ("#### Step 1\n3 + 4 = 7\n#### Step 2\n7 * 2 = 14\n#### 14", 14, 1.0, 14.0),
+    ("#### Step 1: add\n3 + 4 = 7\n\n#### Final answer\n**7**", 7, 1.0, None),  # no number on a #### line
+    ("#### 7\n#### Step 2 was wrong", 7, 1.0, 7.0),
+    # no #### at all: the last \boxed{}, else the last number of the text
+    ("the answer is 12", 12, 1.0, None),
+    ("The answer is **18**.", 18, 1.0, None),
+    ("So she has \\boxed{1,234} pens, 5 boxes.", 1234, 1.0, None),
+    ("\\boxed{3} first, then \\boxed{4}", 4, 1.0, None),
+    ("She pays $1,000 in total.", 1000, 1.0, None),
+    ("no numbers here", 0, 0.0, None),
+    ("", 0, 0.0, None),
+    # not numbers
+    ("#### ", 0, 0.0, None),
+    ("#### twelve", 12, 0.0, None),
+    ("#### inf", 0, 0.0, None),
+    ("#### 1e5", 100000, 0.0, None),
+    ("#### 1_000", 1000, 0.0, None),
+    ("#### 3.5.2", 3.5, 0.0, None),
+]
 
 
-def test_reference_and_reward():
+@pytest.mark.parametrize("completion, reference, reward, strict", BATTERY)
+def test_reward_battery(completion, reference, reward, strict):
+    assert V.compute_reward(completion, reference) == reward
+    assert V.extract_answer(completion) == (None if strict is None else pytest.approx(strict))
+
+
+def test_reward_battery_size():
+    assert len(BATTERY) >= 40
+
+
+def test_reference_answer():
     answer = "She sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 1,072"
-    reference = V.reference_answer(answer)
-    assert reference == 1072.0
-    assert V.compute_reward("so... #### 1,072", reference) == 1.0
-    assert V.compute_reward("#### 1072.0", reference) == 1.0  # compared as numbers
-    assert V.compute_reward("#### $1072.", reference) == 1.0
-    assert V.compute_reward("#### 1071", reference) == 0.0
-    assert V.compute_reward("1072", reference) == 0.0  # right number, no #### answer
-    assert V.compute_reward("#### 5 then #### 1072", reference) == 0.0  # first #### counts
+    assert V.reference_answer(answer) == 1072.0
+    assert V.reference_answer("no final line") is None
 
 
 # ---------------------------------------------------------------- GRPO advantages and losses
@@ -209,7 +251,7 @@ def test_behaviour_logprobs_match_generation_time_logits(tiny):
     sampled_tokens = output.sequences[:, ids.shape[1] :]
     sampled = torch.stack(output.logits, dim=1).double() / 0.7
     generation_logp = torch.log_softmax(sampled, -1).gather(-1, sampled_tokens[..., None]).squeeze(-1)
-    behaviour = V.score(model, batch, 3, 0.7, lambda: torch.autocast("cpu", enabled=False))[0]
+    behaviour = V.score(model, batch, 3, 0.7, lambda: torch.autocast("cpu", enabled=False))[completion_mask]
     assert torch.equal(sampled_tokens[completion_mask], batch["input_ids"][:, ids.shape[1] :][completion_mask])
     assert torch.allclose(behaviour.double(), generation_logp[completion_mask], atol=1e-4)
 
@@ -429,11 +471,114 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     events = EventAccumulator(run_dir)
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = set(V.STEP_TAGS.values()) - {"losses/clipfrac"} | set(V.ITERATION_TAGS.values())
-    expected |= {"eval/accuracy", "eval/format_rate"}
+    ppo_only = {"losses/clipfrac", "losses/clip_ratio_low", "losses/clip_ratio_high"}
+    expected = set(V.STEP_TAGS.values()) - ppo_only | set(V.ITERATION_TAGS.values())
+    expected |= {"eval/accuracy", "eval/format_rate", "perf/generation_seconds", "perf/other_seconds"}
     assert expected <= tags, expected - tags
-    assert "losses/clipfrac" not in tags  # a PPO-clip statistic
+    assert not ppo_only & tags  # PPO-clip statistics
+    assert f"run folder: {os.path.relpath(run_dir, tmp_path)}" in result.stdout and "memory estimate" in result.stdout
+    assert json.loads(Path(run_dir, "summary.json").read_text())["interrupted"] is False
     assert len(events.Scalars("vaco/tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
     model, tokenizer = V.load_model_and_tokenizer(os.path.join(run_dir, "model"))
     assert tokenizer.chat_template == V.AutoTokenizer.from_pretrained(tiny["llama"]).chat_template
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+
+
+# ---------------------------------------------------------------- validation table, run folders, signals, resume
+
+
+def bad_input_cases(tmp_path, tiny):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "args.json").write_text("{}")
+    return [
+        (["--seed", "-1"], "--seed must be in [0, 2**32)"),
+        (["--learning-rate", "nan"], "--learning-rate must be > 0 and finite"),
+        (["--max-grad-norm", "inf"], "--max-grad-norm must be > 0 and finite"),
+        (["--final-tv-fraction", "1.5"], "--final-tv-fraction must be in [0, 1]"),
+        (["--total-steps", "5", "--forward-lag", "2"], "--total-steps (5) must be a multiple of --forward-lag (2)"),
+        (["--data-file", str(tmp_path)], "is a directory"),
+        (["--run-dir", "/proc/x"], "is not writable"),
+        (["--run-dir", str(a_file / "sub")], "is under a file"),
+        (["--run-dir", str(a_file)], "is a file"),
+        (["--run-dir", str(existing)], "already holds a run: pass --resume"),
+        (["--run-dir", str(existing), "--resume"], "no checkpoint.pt"),
+        (["--resume"], "--resume needs the --run-dir"),
+        (["--run-dir", str(existing), "--resume", "--overwrite"], "exclude each other"),
+        (["--run-dir", str(tmp_path / "new"), "--resume"], "holds no run"),
+    ]
+
+
+def test_bad_inputs_one_line_and_nothing_left_behind(tiny, tmp_path, capsys):
+    for argv, fragment in bad_input_cases(tmp_path, tiny):
+        before = sorted(os.listdir(tmp_path))
+        expect_usage_error(capsys, lambda: V.parse_args(["--model-id", tiny["llama"], *argv]), fragment)
+        assert sorted(os.listdir(tmp_path)) == before, argv
+
+
+def test_non_utf8_data_stops_before_the_run_folder(tiny, tmp_path, capsys):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(json.dumps({"question": "caf\u00e9", "answer": "#### 1"}, ensure_ascii=False).encode("latin-1") + b"\n")
+    args = tiny_args(tiny, tmp_path, data_file=str(bad))
+    expect_usage_error(capsys, lambda: V.train(args), f"{bad}:1: not UTF-8 text")
+    assert not Path(args.run_dir).exists()
+
+
+def test_existing_run_is_refused_then_overwritten(tiny, tmp_path, capsys):
+    args = tiny_args(tiny, tmp_path, overwrite=False, checkpoint_every=0)
+    V.train(args)
+    stale = Path(args.run_dir, "stale.txt")
+    stale.write_text("old")
+    expect_usage_error(capsys, lambda: V.train(args), "already holds a run")
+    V.train(dataclasses.replace(args, overwrite=True))
+    assert not stale.exists() and Path(args.run_dir, "summary.json").exists()
+    changed = dataclasses.replace(args, resume=True, lag=1)
+    expect_usage_error(capsys, lambda: V.train(changed), "--resume: --lag is 1 here but 0 in")
+
+
+def without_timings(history):
+    return {
+        part: [{k: v for k, v in r.items() if not k.endswith(("_seconds", "_per_s"))} for r in records]
+        for part, records in history.items()
+    }
+
+
+def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
+    settings = dict(loss="vaco", lag=1, forward_lag=2, micro_batch_size=8, learning_rate=1e-2, checkpoint_every=1)
+    whole = V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "whole"), num_iterations=3, **settings))
+    V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=2, **settings))
+    part = tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=3, overwrite=False, resume=True)
+    resumed = V.train(dataclasses.replace(part, **settings))
+    assert without_timings(resumed) == without_timings(whole)
+    assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
+    saved = [torch.load(tmp_path / name / V.CHECKPOINT, weights_only=False) for name in ("whole", "part")]
+    for key, value in saved[0]["model"].items():
+        assert torch.equal(value, saved[1]["model"][key]), key
+    buffers = [s["policy_buffer"] for s in saved]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(*buffers) for k in a)
+    adam = [s["optimizer"]["state"] for s in saved]
+    assert all(torch.equal(adam[0][i]["exp_avg_sq"], adam[1][i]["exp_avg_sq"]) for i in adam[0])
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_the_model_and_marks_the_summary(tiny, tmp_path, signum, code):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "vaco_gsm8k.py"), "--model-id", tiny["llama"], "--data-file", tiny["data"]]
+    command += ["--eval-every=0", "--num-iterations=1000", "--prompts-per-step=2", "--num-generations=4"]
+    command += ["--micro-batch-size=8", "--max-new-tokens=8", "--torch-threads=1", "--save-model=True"]
+    command += ["--run-dir", str(run_dir)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # stop it in the middle of training
+        if line.startswith("iter 2/"):
+            process.send_signal(signum)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == code, err[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] == signal.Signals(signum).name and summary["global_step"] >= 2
+    model, _ = V.load_model_and_tokenizer(str(run_dir / "model"))
+    assert sum(p.numel() for p in model.parameters()) > 0
