@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing from the hub
@@ -582,3 +583,85 @@ def test_signal_saves_the_model_and_marks_the_summary(tiny, tmp_path, signum, co
     assert summary["interrupted"] == signal.Signals(signum).name and summary["global_step"] >= 2
     model, _ = V.load_model_and_tokenizer(str(run_dir / "model"))
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# ---------------------------------------------------------------- metrics, budget, truncation, timers
+
+
+def test_entropy_against_full_softmax(tiny):
+    model, tokenizer = load_tiny(tiny["llama"])
+    ids, mask = V.left_pad([[5, 6, 7, 8, 9, 10], [11, 12, 13]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        _, entropy = V.completion_logprobs(model, ids, mask, 2, 0.7, with_entropy=True)
+        logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]])).logits[0, -3:-1].double() / 0.7
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(entropy[0].double(), -(p * p.log()).sum(-1), atol=1e-5)
+
+
+def test_metrics_against_the_rewards_they_summarise(tiny, tmp_path, monkeypatch):
+    seen = []
+
+    def recording_reward(completion, reference):
+        seen.append((len(completion) % 3) / 2)
+        return seen[-1]
+
+    monkeypatch.setattr(V, "compute_reward", recording_reward)
+    history = V.train(tiny_args(tiny, tmp_path, loss="ppo-clip", forward_lag=2, learning_rate=3e-2))
+    record = history["iterations"][0]
+    rewards = torch.tensor(seen).view(-1, 8)
+    assert record["reward"] == pytest.approx(rewards.mean().item())
+    assert record["reward_std"] == pytest.approx(rewards.std(dim=1).mean().item())  # TRL: mean of the group stds
+    assert record["response_length_min"] <= record["response_length"] <= record["response_length_max"] <= 12
+    for step in history["steps"]:
+        assert step["clip_fraction"] == pytest.approx(step["clip_ratio_low"] + step["clip_ratio_high"])
+        assert step["learning_rate"] == 3e-2 and step["entropy"] > 0
+    assert any(s["clip_ratio_low"] > 0 or s["clip_ratio_high"] > 0 for s in history["steps"])
+    assert record["tokens_seen"] > 2 * 32 * record["response_length"]  # prompts and completions
+
+
+def test_total_steps_fixes_optimizer_steps_across_forward_lags(tiny, tmp_path, toy_reward):
+    for k in (1, 2, 4):
+        history = V.train(tiny_args(tiny, tmp_path, forward_lag=k, total_steps=4, num_iterations=99, max_new_tokens=4))
+        assert len(history["steps"]) == 4 and len(history["iterations"]) == 4 // k
+
+
+def test_masked_truncated_completions_carry_no_gradient(tiny, tmp_path, toy_reward, monkeypatch):
+    monkeypatch.setattr(V, "stop_token_ids", lambda model, tokenizer: [10**6])  # no stop token: all truncated
+    runs = {m: V.train(tiny_args(tiny, tmp_path, max_new_tokens=3, mask_truncated_completions=m)) for m in (False, True)}
+    assert runs[True]["iterations"][0]["truncated_fraction"] == 1.0
+    assert runs[True]["steps"][0]["grad_norm"] == 0.0 and runs[True]["steps"][0]["policy_loss"] == 0.0
+    assert runs[False]["steps"][0]["grad_norm"] > 0.0
+
+
+def test_phase_timers_add_up_to_wall_time(tiny, tmp_path, toy_reward):
+    start = time.perf_counter()
+    history = V.train(tiny_args(tiny, tmp_path, num_iterations=2, forward_lag=2, lag=1, micro_batch_size=8))
+    wall = time.perf_counter() - start
+    for record in history["iterations"]:
+        phases = sum(
+            v for k, v in record.items() if k.endswith("_seconds") and k not in ("iteration_seconds", "other_seconds")
+        )
+        assert phases + record["other_seconds"] == pytest.approx(record["iteration_seconds"])
+        assert record["other_seconds"] < 0.2 * record["iteration_seconds"], record
+        assert {"generation_seconds", "behaviour_seconds", "prescore_seconds", "final_tv_seconds"} <= set(record)
+    assert sum(r["iteration_seconds"] for r in history["iterations"]) < wall
+
+
+def test_skipped_behaviour_pass_equals_the_training_pass(tiny):
+    """With no backward lag the first minibatch's training forward pass replaces the behaviour pass: it scores
+    the same micro-batches with the same weights, and gives bit-identical log-probs (train mode, autograd on,
+    gradient checkpointing included)."""
+    model, tokenizer = load_tiny(tiny["qwen2"])
+    stop_ids = V.stop_token_ids(model, tokenizer)
+    model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    config = GenerationConfig(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=10)
+    prompts = [V.encode_prompt(tokenizer, q) for q, _ in PROBLEMS for _ in range(2)]
+    torch.manual_seed(3)
+    batch = V.generate(model, prompts, config, stop_ids, tokenizer.pad_token_id, "cpu", chunk=5)
+    behaviour = V.score(model, batch, 4, 1.0, lambda: torch.autocast("cpu", enabled=False))
+    model.train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for rows, ids, mask, completion_mask in V.micro_batches(batch, 4):
+        logp = V.completion_logprobs(model, ids, mask, completion_mask.shape[1], 1.0)
+        assert logp.requires_grad
+        assert torch.equal(logp.detach()[completion_mask], behaviour[rows, : completion_mask.shape[1]][completion_mask])
