@@ -665,3 +665,69 @@ def test_skipped_behaviour_pass_equals_the_training_pass(tiny):
         logp = V.completion_logprobs(model, ids, mask, completion_mask.shape[1], 1.0)
         assert logp.requires_grad
         assert torch.equal(logp.detach()[completion_mask], behaviour[rows, : completion_mask.shape[1]][completion_mask])
+
+
+# ---------------------------------------------------------------- data-parallel training (torch.distributed, gloo)
+
+
+def seeded_generate(model, prompts, config, stop_ids, pad_id, device, chunk=0):
+    """A stand-in for sampling whose completion of a prompt depends only on the prompt and its index in the
+    group, not on which process generates it or next to which other prompts: so 1 and 2 processes train
+    on the same completions and their updates can be compared."""
+    completions = torch.full((len(prompts), config.max_new_tokens), pad_id, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        rng = torch.Generator().manual_seed(sum(t * 31**n for n, t in enumerate(prompt)) % 2**31 + 7919 * (i % 8))
+        length = int(torch.randint(1, config.max_new_tokens + 1, (1,), generator=rng))
+        completions[i, :length] = torch.randint(4, 100, (length,), generator=rng)
+        if length < config.max_new_tokens:
+            completions[i, length] = stop_ids[0]
+    prompt_ids, prompt_mask = V.left_pad(prompts, pad_id)
+    return V.completion_batch(prompt_ids, prompt_mask, completions, stop_ids, pad_id)
+
+
+def distributed_worker(rank, world, port, settings):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+    os.environ["LOCAL_RANK"] = str(rank)
+    torch.set_num_threads(1)
+    V.generate, V.compute_reward = seeded_generate, digit_fraction
+    history = V.train(V.Args(**settings))
+    if rank == 0:
+        Path(settings["run_dir"], "history.json").write_text(json.dumps(history))
+
+
+@pytest.mark.parametrize("loss, micro", [("vaco", 16), ("vaco", 8), ("ppo-clip", 16)])
+def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro):
+    """2 processes (gloo) and 1 process on the same prompts and completions: the same parameters after
+    2 optimizer steps (one generation batch at K = 2), the same D, mask and logged statistics."""
+    import socket as socket_module
+
+    import torch.multiprocessing as mp
+
+    settings = dict(
+        dataclasses.asdict(tiny_args(tiny, tmp_path, loss=loss, forward_lag=2, micro_batch_size=micro)),
+        learning_rate=1e-2,
+        save_model=True,
+        checkpoint_every=0,
+    )
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    two = dict(settings, run_dir=str(tmp_path / "two"))
+    mp.spawn(distributed_worker, args=(2, port, two), nprocs=2, join=True)
+    monkeypatch.setattr(V, "generate", seeded_generate)
+    monkeypatch.setattr(V, "compute_reward", digit_fraction)
+    one = dict(settings, run_dir=str(tmp_path / "one"))
+    single = V.train(V.Args(**one))
+    double = json.loads(Path(two["run_dir"], "history.json").read_text())
+    for a, b in zip(single["steps"], double["steps"]):
+        for key, value in a.items():
+            assert value == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    if loss == "vaco":
+        assert any(s["over_budget"] for s in single["steps"]) and any(s["filter_fraction"] > 0 for s in single["steps"])
+    for key in ["reward", "reward_std", "response_length", "response_length_min", "response_length_max", "tv_final"]:
+        assert single["iterations"][0][key] == pytest.approx(double["iterations"][0][key], rel=1e-5), key
+    models = [V.load_model_and_tokenizer(str(tmp_path / name / "model"))[0] for name in ("one", "two")]
+    start = V.load_model_and_tokenizer(tiny["llama"])[0].state_dict()
+    for key, value in models[0].state_dict().items():
+        assert not torch.equal(value, start[key]) or "rotary" in key or "norm" in key, key  # the update moved it
+        assert torch.allclose(value, models[1].state_dict()[key], rtol=1e-4, atol=1e-6), key
