@@ -4,9 +4,11 @@ Reference implementation of the LLM experiment of "Align and Filter: Improving P
 Asynchronous On-Policy RL" (Honari, Creus Castanyer, Przystupa, Noukhovitch, Castro, Berseth;
 arXiv 2603.01365, 2026). The specification is docs/method.md §4.
 
-A causal LM answers grade-school maths questions; the reward is 1 when the number after the first
-`####` of the completion equals the reference answer. Advantages are GRPO's (G completions per
-prompt, group-normalised rewards, the same advantage on every token of a completion). Policy lag:
+A causal LM answers grade-school maths questions; the reward is 1 when the completion's answer (the
+last `####` line holding a number, else the last `\\boxed{}`, else the last number; markdown, `$`, `%`,
+units and thousands commas tolerated, docs/method.md §4) equals the reference answer. Advantages
+are GRPO's (G completions per prompt, group-normalised rewards, the same advantage on every token of
+a completion). Policy lag:
 
 - forward lag: one generation batch of K x 32 prompts is split into K optimizer steps
   (`--forward-lag K`), so step k trains on data that is k-1 updates old;
@@ -14,7 +16,8 @@ prompt, group-normalised rewards, the same advantage on every token of a complet
   drawn from them (docs/method.md §2).
 
 Behaviour log-probs log beta are computed once per generation batch, by a teacher-forced pass with
-the generating weights at the sampling temperature, and stay frozen. Per-token ratio
+the generating weights at the sampling temperature, and stay frozen (with no backward lag, the first
+minibatch's come from its own training pass: same weights, same tensors, same values). Per-token ratio
 r = pi_theta / beta. Losses (`--loss`):
 
 - ppo-clip: -min(r A, clip(r, 1 - 0.2, 1 + 0.272) A) per token (asymmetric "clip-higher");
@@ -33,9 +36,16 @@ top-p, so beta is exactly the softmax the tokens were drawn from); Adam with a c
 rate and gradient-norm clipping at 1.0; std with Bessel's correction and eps 1e-4 as TRL; dropout
 disabled; fp32 logits under bf16 autocast; `--lag-mode fixed`.
 
+Data parallel: under `torchrun --nproc-per-node N` each process generates and trains on 1/N of every
+minibatch's prompts; the token count, D and the statistics are summed over processes and the
+gradients summed, so the update is the single-process one. A run checkpoints to its folder and
+continues with `--resume`; SIGINT and SIGTERM save what was asked and stop.
+
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
+    torchrun --nproc-per-node 8 vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4
+    python vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4 --resume
 """
 
 import collections
