@@ -731,3 +731,24 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro):
     for key, value in models[0].state_dict().items():
         assert not torch.equal(value, start[key]) or "rotary" in key or "norm" in key, key  # the update moved it
         assert torch.allclose(value, models[1].state_dict()[key], rtol=1e-4, atol=1e-6), key
+
+
+# ---------------------------------------------------------------- the synthetic arithmetic task
+
+
+def test_arith_task_is_gsm8k_schema_deterministic_and_disjoint(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_arith_task import make_task
+
+    train, test = make_task(str(tmp_path / "a"), 300, 50, seed=3)
+    again, _ = make_task(str(tmp_path / "b"), 300, 50, seed=3)
+    assert Path(train).read_text() == Path(again).read_text()
+    train_rows, test_rows = V.load_jsonl(train), V.load_jsonl(test)
+    assert len(train_rows) == 300 and len(test_rows) == 50
+    assert not {q for q, _ in train_rows} & {q for q, _ in test_rows}
+    for line in Path(train).read_text().splitlines():
+        record = json.loads(line)
+        left, _, right = record["answer"].split("\n")[0].partition(" = ")
+        a, op, b = left.split()
+        assert int(right) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] >= 0
+        assert V.reference_answer(record["answer"]) == int(right) and V.compute_reward(record["answer"], int(right)) == 1
