@@ -7,19 +7,22 @@
 3. GRPO with vaco_gsm8k.py from that checkpoint: each loss at each forward lag K and seed, the same
    number of optimizer steps (--total-steps) and samples at every K, greedy evaluation every 8 steps.
 
-Writes <out>/runs.csv (one row per run: final accuracy, clip or filter fraction, how often VACO is over
+Writes <out>/setup.json (options, supervised steps and accuracy, seconds), <out>/runs.csv (one row per run: final accuracy, clip or filter fraction, how often VACO is over
 budget, final TV), <out>/curves.csv (evaluation accuracy against optimizer step) and <out>/forward_lag.png.
 
 Usage:
     python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy                # the full grid
     python tools/gsm8k_proxy_task.py --out /tmp/proxy --lags 1 8 --seeds 1    # a reduced run
+    python tools/gsm8k_proxy_task.py --out /tmp/proxy --work /tmp/proxy_work   # keep (and reuse) the SFT model
 """
 
 import argparse
 import csv
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -56,7 +59,10 @@ def build_model(folder: str, seed: int):
     return LlamaForCausalLM(config), tokenizer
 
 
-def greedy_accuracy(model, tokenizer, rows, max_new_tokens=16) -> float:
+MAX_NEW_TOKENS = 24  # the longest rationale, "9 * 9 = 81\n#### 81", is 18 characters plus the stop token
+
+
+def greedy_accuracy(model, tokenizer, rows, max_new_tokens=MAX_NEW_TOKENS) -> float:
     from transformers import GenerationConfig
 
     model.eval()
@@ -119,12 +125,13 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--sft-target", type=float, default=0.25)
     parser.add_argument("--sft-max-steps", type=int, default=3000)
+    parser.add_argument("--work", help="folder for data, models and run folders (default: a temporary one, removed)")
     options = parser.parse_args()
     if any(options.total_steps % k for k in options.lags):
         parser.error("--total-steps must be a multiple of every lag")
     torch.set_num_threads(1)
     os.makedirs(options.out, exist_ok=True)
-    work = os.path.join(options.out, "work")
+    work = options.work or tempfile.mkdtemp(prefix="gsm8k_proxy_")
     train_file, test_file = make_task(os.path.join(work, "data"), 4000, 200, seed=0)
     model_dir = os.path.join(work, "sft_model")
     start = time.time()
@@ -145,7 +152,7 @@ def main():
                     model_id=model_dir, data_file=train_file, eval_data_file=test_file,
                     run_dir=os.path.join(work, "runs", f"{loss}_K{k}_s{seed}"), overwrite=True, checkpoint_every=0,
                     loss=loss, forward_lag=k, total_steps=options.total_steps, seed=seed, prompts_per_step=8,
-                    num_generations=8, micro_batch_size=64, max_new_tokens=16, learning_rate=options.learning_rate,
+                    num_generations=8, micro_batch_size=64, max_new_tokens=MAX_NEW_TOKENS, learning_rate=options.learning_rate,
                     eval_every=max(1, 8 // k), eval_size=200, torch_threads=1,
                 )  # fmt: skip
                 history = V.train(args)
@@ -174,7 +181,11 @@ def main():
             writer.writeheader()
             writer.writerows(rows)
     plot(options, runs, curves, sft)
-    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png ({time.time() - start:.0f} s)")
+    with open(os.path.join(options.out, "setup.json"), "w") as handle:
+        json.dump({**vars(options), **sft, "work": None, "seconds": round(time.time() - start)}, handle, indent=2)
+    if not options.work:
+        shutil.rmtree(work)
+    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
 
 
 def plot(options, runs, curves, sft):
