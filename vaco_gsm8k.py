@@ -438,9 +438,10 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tenso
     return advantages.flatten(), (std == 0).float().mean().item()
 
 
-def tv_estimate(log_ratio: torch.Tensor) -> float:
-    """D = 1/2 mean|r - 1| over tokens, the sample estimate of TV(pi_theta, beta) (docs/method.md §1)."""
-    return 0.5 * (log_ratio.exp() - 1).abs().mean().item()
+def abs_deviation(log_ratio: torch.Tensor) -> float:
+    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
+    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
+    return (log_ratio.exp() - 1).abs().sum().item()
 
 
 def ppo_clip_loss(
@@ -1007,7 +1008,7 @@ def train(args: Args) -> dict:
             with timed("rewards"):
                 texts = decode_completions(tokenizer, generated)
                 rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
-                advantages, _ = grpo_advantages(rewards, G)
+                advantages, zero_std = grpo_advantages(rewards, G)
                 group_std = rewards.view(-1, G).std(dim=1)
                 lengths = generated["completion_mask"].sum(1).float().cpu()
                 truncated = generated["truncated"].float().cpu()
@@ -1020,7 +1021,7 @@ def train(args: Args) -> dict:
                         lengths.sum().item(),
                         truncated.sum().item(),
                         group_std.sum().item(),
-                        (group_std == 0).float().sum().item(),
+                        zero_std * group_std.numel(),
                         float(group_std.numel()),
                         generated["attention_mask"].sum().item(),
                     ]
@@ -1055,8 +1056,8 @@ def train(args: Args) -> dict:
                     # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
                     with timed("prescore"):
                         current = score(model, batch, args.micro_batch_size, args.temperature, autocast)
-                        deviation = ((current - batch["logp_behaviour"]).exp() - 1).abs()[batch["loss_mask"]].sum()
-                        over_budget = 0.5 * all_reduce([deviation.item()])[0] / denominator > args.tv_threshold / 2
+                        deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
+                        over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
                 with timed("training"):
                     optimizer.zero_grad(set_to_none=True)
                     step_sums = collections.Counter()
@@ -1075,7 +1076,7 @@ def train(args: Args) -> dict:
                         log_ratio = logp.detach() - logp_behaviour
                         ratio = log_ratio.exp()
                         if args.loss == "vaco" and single_pass:
-                            deviation = (ratio - 1).abs().sum().item()
+                            deviation = abs_deviation(log_ratio)
                             over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
                         if args.loss == "ppo-clip":
                             per_token, dropped = ppo_clip_loss(
@@ -1088,7 +1089,7 @@ def train(args: Args) -> dict:
                             raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
                         loss.backward()
                         step_sums["loss"] += loss.item()
-                        step_sums["abs_dev"] += (ratio - 1).abs().sum().item()
+                        step_sums["abs_dev"] += abs_deviation(log_ratio)
                         step_sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
                         step_sums["dropped"] += dropped.sum().item()
                         step_sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
@@ -1144,7 +1145,7 @@ def train(args: Args) -> dict:
                         current = score(model, batch, args.micro_batch_size, args.temperature, autocast, final_tv_batches)
                         scored = batch["loss_mask"].clone()
                         scored[final_tv_batches * args.micro_batch_size :] = False
-                        deviation += ((current - batch["logp_behaviour"]).exp() - 1).abs()[scored].sum().item()
+                        deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
                         count += scored.sum().item()
                     deviation, count = all_reduce([deviation, count])
                     final_tv = 0.5 * deviation / max(count, 1.0)
