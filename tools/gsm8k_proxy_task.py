@@ -213,6 +213,9 @@ def plot(options, runs, curves, sft):
     axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title=f"SFT start {sft['sft_accuracy']:.2f}")
     axes[1].set(xlabel="forward lag K", ylabel="fraction of tokens", xscale="log", title="clipped vs filtered")
     axes[2].set(xlabel="forward lag K", ylabel="TV after the update", xscale="log", title="final TV")
+    for axis in axes[1:]:
+        axis.set_xticks(options.lags, [str(k) for k in options.lags])
+        axis.minorticks_off()
     for axis in axes:
         axis.legend(fontsize=7)
     figure.tight_layout()
