@@ -981,12 +981,13 @@ def train(args: Args) -> dict:
                 synchronize()
                 timers[phase] += time.perf_counter() - begin
 
-            # Choose the generating policy (backward lag).
+            # Choose the generating policy (backward lag), with the data-order generator: the same draw on every rank.
             staleness = 0
             if args.lag:
-                index = 0 if args.lag_mode == "fixed" else random.randrange(len(policy_buffer))
+                index = 0 if args.lag_mode == "fixed" else int(data_rng.integers(len(policy_buffer)))
                 staleness = len(policy_buffer) - 1 - index
-                generator.load_state_dict(policy_buffer[index])
+                with timed("buffer"):
+                    generator.load_state_dict(policy_buffer[index])
 
             # One generation batch of K minibatches; this rank generates its share of each minibatch's prompts.
             model.eval()

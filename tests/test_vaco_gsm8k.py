@@ -695,16 +695,18 @@ def distributed_worker(rank, world, port, settings):
         Path(settings["run_dir"], "history.json").write_text(json.dumps(history))
 
 
-@pytest.mark.parametrize("loss, micro", [("vaco", 16), ("vaco", 8), ("ppo-clip", 16)])
-def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro):
+@pytest.mark.parametrize("loss, micro, lag", [("vaco", 16, 0), ("vaco", 8, 0), ("ppo-clip", 16, 1)])
+def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
     """2 processes (gloo) and 1 process on the same prompts and completions: the same parameters after
-    2 optimizer steps (one generation batch at K = 2), the same D, mask and logged statistics."""
+    2 optimizer steps (one generation batch at K = 2), the same D, mask and logged statistics. With backward
+    lag (3 generation batches, a uniform draw from the policy buffer), every rank draws the same policy."""
     import socket as socket_module
 
     import torch.multiprocessing as mp
 
     settings = dict(
-        dataclasses.asdict(tiny_args(tiny, tmp_path, loss=loss, forward_lag=2, micro_batch_size=micro)),
+        dataclasses.asdict(tiny_args(tiny, tmp_path, loss=loss, forward_lag=2, micro_batch_size=micro, lag=lag)),
+        num_iterations=3 if lag else 1,
         learning_rate=1e-2,
         save_model=True,
         checkpoint_every=0,
@@ -725,7 +727,9 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro):
     if loss == "vaco":
         assert any(s["over_budget"] for s in single["steps"]) and any(s["filter_fraction"] > 0 for s in single["steps"])
     for key in ["reward", "reward_std", "response_length", "response_length_min", "response_length_max", "tv_final"]:
-        assert single["iterations"][0][key] == pytest.approx(double["iterations"][0][key], rel=1e-5), key
+        for a, b in zip(single["iterations"], double["iterations"]):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), key
+    assert [r["staleness"] for r in single["iterations"]] == [r["staleness"] for r in double["iterations"]]
     models = [V.load_model_and_tokenizer(str(tmp_path / name / "model"))[0] for name in ("one", "two")]
     start = V.load_model_and_tokenizer(tiny["llama"])[0].state_dict()
     for key, value in models[0].state_dict().items():
