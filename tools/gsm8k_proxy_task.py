@@ -12,8 +12,8 @@ budget, final TV), <out>/curves.csv (evaluation accuracy against optimizer step)
 
 Usage:
     python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy                # the full grid
-    python tools/gsm8k_proxy_task.py --out /tmp/proxy --lags 1 8 --seeds 1    # a reduced run
-    python tools/gsm8k_proxy_task.py --out /tmp/proxy --work /tmp/proxy_work   # keep (and reuse) the SFT model
+    python tools/gsm8k_proxy_task.py --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
+    python tools/gsm8k_proxy_task.py --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
 """
 
 import argparse

@@ -7,15 +7,16 @@ shape in turn, interleaved, so that a shared machine's load falls on all of them
 
 Usage:
     python tools/gsm8k_step_profile.py                                  # the current vaco_gsm8k.py
-    git show <rev>:vaco_gsm8k.py > /tmp/old.py
-    python tools/gsm8k_step_profile.py --scripts /tmp/old.py vaco_gsm8k.py --repeats 2
-    cp vaco_gsm8k.py /tmp/new.py    # the same script once more, with new options
-    python tools/gsm8k_step_profile.py --scripts /tmp/old.py vaco_gsm8k.py /tmp/new.py --last-flags=--final-tv-fraction=0.25
+    git show <rev>:vaco_gsm8k.py > runs/old_vaco_gsm8k.py
+    python tools/gsm8k_step_profile.py --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py --repeats 2
+    cp vaco_gsm8k.py runs/new_vaco_gsm8k.py    # the same script once more, with new options
+    python tools/gsm8k_step_profile.py --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py runs/new_vaco_gsm8k.py --last-flags=--final-tv-fraction=0.25
 """
 
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -91,6 +92,7 @@ def main():
             tokens = sum(r["response_length"] * sequences for r in history["iterations"])
             results[path].append((wall, cpu, tokens, history["iterations"]))
     # CPU seconds (one torch thread) measure the work done; wall seconds also count waiting for a shared CPU.
+    shutil.rmtree(folder)
     for path, runs in results.items():
         wall, cpu, tokens = (sum(r[i] for r in runs) for i in range(3))
         count = sum(len(r[3]) for r in runs)

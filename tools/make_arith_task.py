@@ -6,7 +6,7 @@ keep it learnable by a tiny character-level model on a CPU (tools/gsm8k_proxy_ta
 gives the same files.
 
 Usage:
-    python tools/make_arith_task.py --out-dir /tmp/arith --train-size 4000 --test-size 200
+    python tools/make_arith_task.py --out-dir runs/arith --train-size 4000 --test-size 200
 """
 
 import argparse
