@@ -304,7 +304,7 @@ def run_dir_problem(args: Args) -> Optional[str]:
         os.close(handle)
         os.remove(probe)
     except OSError as error:
-        return f"--run-dir {path} is not writable ({error.strerror})"
+        return f"--run-dir {path} is not writable: cannot create a file in {existing} ({error.strerror})"
     if not args.run_dir or not os.path.isdir(path) or not os.listdir(path):
         return None if not args.resume else f"--resume: {path} holds no run"
     saved_args = os.path.join(path, "args.json")
