@@ -182,7 +182,8 @@ def main():
             writer.writerows(rows)
     plot(options, runs, curves, sft)
     with open(os.path.join(options.out, "setup.json"), "w") as handle:
-        json.dump({**vars(options), **sft, "work": None, "seconds": round(time.time() - start)}, handle, indent=2)
+        settings = {k: v for k, v in vars(options).items() if k not in ("out", "work")}
+        json.dump({**settings, **sft, "seconds": round(time.time() - start)}, handle, indent=2)
     if not options.work:
         shutil.rmtree(work)
     print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
