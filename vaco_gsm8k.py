@@ -4,9 +4,11 @@ Reference implementation of the LLM experiment of "Align and Filter: Improving P
 Asynchronous On-Policy RL" (Honari, Creus Castanyer, Przystupa, Noukhovitch, Castro, Berseth;
 arXiv 2603.01365, 2026). The specification is docs/method.md §4.
 
-A causal LM answers grade-school maths questions; the reward is 1 when the number after the first
-`####` of the completion equals the reference answer. Advantages are GRPO's (G completions per
-prompt, group-normalised rewards, the same advantage on every token of a completion). Policy lag:
+A causal LM answers grade-school maths questions; the reward is 1 when the completion's answer (the
+last `####` line holding a number, else the last `\\boxed{}`, else the last number; markdown, `$`, `%`,
+units and thousands commas tolerated, docs/method.md §4) equals the reference answer. Advantages
+are GRPO's (G completions per prompt, group-normalised rewards, the same advantage on every token of
+a completion). Policy lag:
 
 - forward lag: one generation batch of K x 32 prompts is split into K optimizer steps
   (`--forward-lag K`), so step k trains on data that is k-1 updates old;
@@ -14,11 +16,12 @@ prompt, group-normalised rewards, the same advantage on every token of a complet
   drawn from them (docs/method.md §2).
 
 Behaviour log-probs log beta are computed once per generation batch, by a teacher-forced pass with
-the generating weights at the sampling temperature, and stay frozen. Per-token ratio
+the generating weights at the sampling temperature, and stay frozen (with no backward lag, the first
+minibatch's come from its own training pass: same weights, same tensors, same values). Per-token ratio
 r = pi_theta / beta. Losses (`--loss`):
 
 - ppo-clip: -min(r A, clip(r, 1 - 0.2, 1 + 0.272) A) per token (asymmetric "clip-higher");
-- vaco: D = 1/2 mean|r - 1| over the minibatch's completion tokens; when D > delta/2, tokens with
+- vaco: D = 1/2 mean|r - 1| over the minibatch's completion tokens; when D > tv_threshold/2, tokens with
   A * sign(log pi_theta - log beta) > 0 are masked; loss -M r A per token, no clipping.
 
 Token aggregation: both losses are summed over completion tokens and divided by the number of
@@ -33,21 +36,33 @@ top-p, so beta is exactly the softmax the tokens were drawn from); Adam with a c
 rate and gradient-norm clipping at 1.0; std with Bessel's correction and eps 1e-4 as TRL; dropout
 disabled; fp32 logits under bf16 autocast; `--lag-mode fixed`.
 
+Data parallel: under `torchrun --nproc-per-node N` each process generates and trains on 1/N of every
+minibatch's prompts; the token count, D and the statistics are summed over processes and the
+gradients summed, so the update is the single-process one. A run checkpoints to its folder and
+continues with `--resume`; SIGINT and SIGTERM save what was asked and stop.
+
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
+    torchrun --nproc-per-node 8 vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4
+    python vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4 --resume
 """
 
 import collections
+import contextlib
 import copy
 import dataclasses
+import io
 import json
 import math
 import os
 import random
 import re
 import socket
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -56,9 +71,15 @@ from typing import Literal, Optional
 import huggingface_hub
 import numpy as np
 import torch
+import transformers
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+# Quiet logs: no download/loading/saving progress bars and no library warnings in the run's log.
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+huggingface_hub.utils.disable_progress_bars()
 
 
 @dataclass
@@ -82,7 +103,13 @@ class Args:
     run_dir: Optional[str] = None
     """folder for TensorBoard logs, args.json and the saved model (None: runs/<run_name>)"""
     save_model: bool = False
-    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end"""
+    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
+    resume: bool = False
+    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json)"""
+    overwrite: bool = False
+    """if toggled, replace the run already in --run-dir (without it, an existing run is refused)"""
+    checkpoint_every: int = 10
+    """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
 
     # Model and data
     model_id: str = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -104,7 +131,10 @@ class Args:
     loss: Literal["ppo-clip", "vaco"] = "vaco"
     """policy loss: PPO-clip with clip-higher, or VACO's TV filter"""
     num_iterations: int = 100
-    """number of generation batches"""
+    """number of generation batches (iterations)"""
+    total_steps: Optional[int] = None
+    """optimizer steps in the run: replaces --num-iterations by total-steps / forward-lag, so runs at different
+    K take the same steps on the same number of samples (None: --num-iterations decides)"""
     forward_lag: int = 1
     """K: optimizer steps per generation batch (the generation batch holds K x prompts-per-step prompts)"""
     lag: int = 0
@@ -125,8 +155,18 @@ class Args:
     """PPO-clip lower ratio: r is clipped below at 1 - clip_low (paper: 0.2)"""
     clip_high: float = 0.272
     """PPO-clip higher ratio: r is clipped above at 1 + clip_high (paper: 0.272)"""
-    delta: float = 0.05
-    """VACO TV threshold: the filter acts when D > delta/2 (paper: 0.05)"""
+    tv_threshold: float = 0.05
+    """VACO's TV threshold delta: the filter acts when D > delta/2 (paper: 0.05)"""
+    mask_truncated_completions: bool = False
+    """if toggled, completions cut at --max-new-tokens (no stop token) get no gradient and do not count in the
+    token denominator or D (their rewards still enter the group's advantages, as TRL's option of the same name)"""
+    generation_batch_size: int = 0
+    """sequences per `generate` call (0: the whole generation batch, K x prompts-per-step x G / processes, in one call)"""
+    final_tv_fraction: float = 1.0
+    """share of each minibatch's micro-batches scored after the update for lag/final_tv (0: skip that pass)"""
+    tf32: bool = False
+    """if toggled, allow TF32 for fp32 matmuls on CUDA: under --bf16 only the output head is fp32, kept in full
+    precision on purpose (see keep_output_head_fp32); useful with --no-bf16"""
     eval_every: int = 10
     """greedy evaluation every this many iterations, plus before training and at the end (0: never)"""
     eval_size: int = 256
@@ -142,15 +182,23 @@ STEP_TAGS = {
     "approx_kl": "losses/approx_kl",
     "grad_norm": "losses/grad_norm",
     "clip_fraction": "losses/clipfrac",
-    "tv": "lag/minibatch_tv",
+    "clip_ratio_low": "losses/clip_ratio_low",
+    "clip_ratio_high": "losses/clip_ratio_high",
+    "entropy": "losses/entropy",
+    "learning_rate": "charts/learning_rate",
+    "tv": "vaco/tv",
     "filter_fraction": "vaco/filter_frac",
-    "over_budget": "vaco/over_budget",
 }
 ITERATION_TAGS = {
     "reward": "charts/reward",
+    "reward_std": "charts/reward_std",
     "accuracy": "charts/accuracy",
     "format_rate": "charts/format_rate",
     "response_length": "charts/response_length",
+    "response_length_min": "charts/response_length_min",
+    "response_length_max": "charts/response_length_max",
+    "truncated_fraction": "charts/truncated_fraction",
+    "tokens_seen": "charts/num_tokens",
     "zero_std_fraction": "charts/zero_std_fraction",
     "staleness": "lag/staleness_mean",
     "tv_backward": "lag/backward_tv",
@@ -159,7 +207,15 @@ ITERATION_TAGS = {
     "generation_tokens_per_s": "perf/generation_tokens_per_s",
     "training_tokens_per_s": "perf/training_tokens_per_s",
 }
-NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)")
+# Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
+# letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
+LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
+ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
+THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
+LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
+BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 ADV_EPS = 1e-4
 
 
@@ -194,71 +250,172 @@ def looks_like_path(model_id: str) -> bool:
     )
 
 
+# Validation table: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
+RULES = [
+    (("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "max_new_tokens"), lambda v: v >= 1, ">= 1"),
+    (("eval_size",), lambda v: v >= 1, ">= 1"),
+    (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
+    (("lag", "eval_every", "checkpoint_every", "generation_batch_size"), lambda v: v >= 0, ">= 0"),
+    (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
+    (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
+    (("torch_threads",), lambda v: v is None or v >= 1, ">= 1"),
+    (
+        ("temperature", "learning_rate", "max_grad_norm", "clip_high", "tv_threshold"),
+        lambda v: 0 < v < math.inf,
+        "> 0 and finite",
+    ),
+    (("clip_low",), lambda v: 0 < v < 1, "in (0, 1)"),
+]
+# Flags that may differ between a run and its resumption.
+RESUMABLE = {
+    "num_iterations",
+    "total_steps",
+    "resume",
+    "overwrite",
+    "track",
+    "torch_threads",
+    "checkpoint_every",
+    "save_model",
+}
+CHECKPOINT = "checkpoint.pt"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def run_dir_problem(args: Args) -> Optional[str]:
+    """Why the run folder cannot be used: unwritable, already holding a run, or nothing to resume."""
+    path = args.run_dir or "runs"
+    if args.resume and args.overwrite:
+        return "--resume and --overwrite exclude each other"
+    if args.resume and not args.run_dir:
+        return "--resume needs the --run-dir of the run to continue"
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"--run-dir {path} is a file"
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(os.path.abspath(existing))
+    if not os.path.isdir(existing):
+        return f"--run-dir {path} is under a file ({existing})"
+    try:  # root ignores permission bits and /proc refuses files: a real probe, removed at once
+        handle, probe = tempfile.mkstemp(dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as error:
+        return f"--run-dir {path} is not writable: cannot create a file in {existing} ({error.strerror})"
+    if not args.run_dir or not os.path.isdir(path) or not os.listdir(path):
+        return None if not args.resume else f"--resume: {path} holds no run"
+    saved_args = os.path.join(path, "args.json")
+    if args.resume:
+        if not os.path.isfile(os.path.join(path, CHECKPOINT)):
+            return f"--resume: no {CHECKPOINT} in {path}"
+        with open(saved_args) as handle:
+            saved = json.load(handle)
+        for name, value in dataclasses.asdict(args).items():
+            if name not in RESUMABLE and saved.get(name) != value:
+                return f"--resume: {flag(name)} is {value} here but {saved.get(name)} in {saved_args}"
+        return None
+    if not args.overwrite:
+        return f"--run-dir {path} already holds a run: pass --resume to continue it or --overwrite to replace it"
+    if not os.path.isfile(saved_args):
+        return f"--overwrite: {path} holds files that are not a run (no args.json); not deleting them"
+    return None
+
+
 def validate(args: Args) -> Optional[str]:
-    positive = ["num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "max_new_tokens", "eval_size"]
-    for name in positive:
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-    if args.num_generations < 2:
-        return f"--num-generations must be >= 2 (GRPO needs a group), got {args.num_generations}"
-    for name in ["lag", "eval_every"]:
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
-    if args.torch_threads is not None and args.torch_threads < 1:
-        return f"--torch-threads must be >= 1, got {args.torch_threads}"
-    sequences = args.prompts_per_step * args.num_generations
+    for names, rule, meaning in RULES:
+        for name in names:
+            if not rule(getattr(args, name)):
+                return f"{flag(name)} must be {meaning}, got {getattr(args, name)}"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.prompts_per_step % world:
+        return f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
+    sequences = args.prompts_per_step // world * args.num_generations
     if sequences % args.micro_batch_size:
         return (
             f"--micro-batch-size ({args.micro_batch_size}) must divide "
-            f"--prompts-per-step x --num-generations ({sequences})"
+            f"--prompts-per-step x --num-generations{' / processes' if world > 1 else ''} ({sequences})"
         )
-    for name in ["temperature", "learning_rate", "max_grad_norm", "clip_high", "delta"]:
-        if not getattr(args, name) > 0:
-            return f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}"
-    if not 0 < args.clip_low < 1:
-        return f"--clip-low must be in (0, 1), got {args.clip_low}"
-    for flag, path in [("--data-file", args.data_file), ("--eval-data-file", args.eval_data_file)]:
+    if args.total_steps and args.total_steps % args.forward_lag:
+        return f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})"
+    for name in ["data_file", "eval_data_file"]:
+        path = getattr(args, name)
+        if path is not None and os.path.isdir(path):
+            return f"{flag(name)} {path} is a directory, not a JSONL file"
         if path is not None and not os.path.isfile(path):
-            return f"{flag} {path} does not exist"
+            return f"{flag(name)} {path} does not exist"
     if looks_like_path(args.model_id) and not os.path.isdir(os.path.expanduser(args.model_id)):
         return f"--model-id {args.model_id}: no such model folder"
-    return None
+    return run_dir_problem(args)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = tyro.cli(Args, args=normalise_bool_flags(argv))
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, args=normalise_bool_flags(argv))
+    except SystemExit as stop:
+        if stop.code:  # tyro's boxed message, folded into one line
+            body = captured.getvalue().split("\n", 1)[-1]  # below the top border, which repeats the title
+            text = " ".join(re.sub(r"[\u2500-\u257f]", " ", body).split())
+            fail(text.split(" For full helptext")[0].split(" Argument helptext")[0])
+        raise
     error = validate(args)
     if error:
         fail(error)
     return args
 
 
-def parse_number(text: str) -> Optional[float]:
-    """The number at the start of `text`: commas, `$` and a trailing period stripped (GSM8k practice)."""
-    words = text.split()
-    if not words:
-        return None
-    token = words[0].replace(",", "").replace("$", "")
-    if token.endswith("."):
-        token = token[:-1]
-    return float(token) if NUMBER_RE.fullmatch(token) else None
+def read_number(text: str) -> Optional[float]:
+    """The number that starts `text` once markdown/LaTeX decoration and an "answer:" label are removed.
+
+    `**18**`, `$18`, `\boxed{18}`, `18%`, `18 apples`, `1,000`, `-5`, `3.50`, `18.` all read as numbers;
+    text after the last `=` is read when there is one (`#### 3 + 4 = 7` is 7); a leading word
+    (`Step 1`) is not a number.
+    """
+    text = DECORATION_RE.sub("", THOUSANDS_RE.sub("", text.replace("\u2212", "-")))
+    text = LABEL_RE.sub("", text.rpartition("=")[2])
+    match = LEADING_NUMBER_RE.match(text)
+    return float(match.group(1)) if match else None
 
 
 def extract_answer(completion: str) -> Optional[float]:
-    """The number after the first `####` of a completion, or None (no answer in the format)."""
-    _, sep, tail = completion.partition("####")
-    return parse_number(tail) if sep else None
+    """The strict format: the number of the last `####` line that holds one (docs/method.md §4).
+
+    Markdown headings such as `#### Step 1` before the final line are skipped, since they hold no
+    number once their leading word is seen; with several `####` answers the last one counts.
+    """
+    for tail in reversed(completion.split("####")[1:]):
+        number = read_number(tail.split("\n", 1)[0])
+        if number is not None:
+            return number
+    return None
+
+
+def final_answer(completion: str) -> Optional[float]:
+    """The graded answer: the `####` answer, else the last `\boxed{}`, else the last number of the text."""
+    number = extract_answer(completion)
+    if number is not None:
+        return number
+    for boxed in reversed(BOXED_RE.findall(completion)):
+        number = read_number(boxed)
+        if number is not None:
+            return number
+    numbers = ANY_NUMBER_RE.findall(THOUSANDS_RE.sub("", completion.replace("\u2212", "-")))
+    return float(numbers[-1]) if numbers else None
 
 
 def reference_answer(answer: str) -> Optional[float]:
     """GSM8k's reference: the number after the last `####` of the `answer` field."""
     _, sep, tail = answer.rpartition("####")
-    return parse_number(tail) if sep else None
+    return read_number(tail) if sep else None
 
 
 def is_correct(completion: str, reference: float) -> bool:
-    predicted = extract_answer(completion)
+    predicted = final_answer(completion)
     return predicted is not None and math.isclose(predicted, reference, rel_tol=0.0, abs_tol=1e-6)
 
 
@@ -281,9 +438,10 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tenso
     return advantages.flatten(), (std == 0).float().mean().item()
 
 
-def tv_estimate(log_ratio: torch.Tensor) -> float:
-    """D = 1/2 mean|r - 1| over tokens, the sample estimate of TV(pi_theta, beta) (docs/method.md §1)."""
-    return 0.5 * (log_ratio.exp() - 1).abs().mean().item()
+def abs_deviation(log_ratio: torch.Tensor) -> float:
+    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
+    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
+    return (log_ratio.exp() - 1).abs().sum().item()
 
 
 def ppo_clip_loss(
@@ -320,14 +478,20 @@ def vaco_loss(
 
 
 def completion_logprobs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion: int, temperature: float
-) -> torch.Tensor:
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_completion: int,
+    temperature: float,
+    with_entropy: bool = False,
+):
     """log softmax(logits / temperature) of the tokens in the last `num_completion` columns, shape [B, C].
 
     Position ids follow the attention mask (left padding), exactly as `generate` builds them, so a
     teacher-forced pass scores the tokens with the positions they were generated at. Logits are kept
     for the completion positions only, and each row's log-probs are a gather minus a logsumexp, so
-    no full-vocabulary log-softmax of the batch is materialised.
+    no full-vocabulary log-softmax of the batch is materialised. With `with_entropy`, also returns
+    the (detached) entropy of softmax(logits / temperature) at each completion position.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(
@@ -338,19 +502,29 @@ def completion_logprobs(
         use_cache=False,
     ).logits[:, :-1]
     targets = input_ids[:, -num_completion:]
-    rows = []
+    rows, entropies = [], []
     for row_logits, row_targets in zip(logits, targets):
         row_logits = row_logits.float() / temperature
         picked = row_logits.gather(-1, row_targets[:, None]).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
+        log_normaliser = torch.logsumexp(row_logits, dim=-1)
+        rows.append(picked - log_normaliser)
+        if with_entropy:
+            with torch.no_grad():
+                entropies.append(log_normaliser - (torch.softmax(row_logits, -1) * row_logits).sum(-1))
+    if with_entropy:
+        return torch.stack(rows), torch.stack(entropies)
     return torch.stack(rows)
 
 
 def load_jsonl(path: str) -> list[tuple[str, float]]:
     """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                fail(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
             if not line.strip():
                 continue
             try:
@@ -475,23 +649,42 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device):
+def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
     """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
 
-    A completion runs up to and including its first stop token; later columns are padding.
+    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
+    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
+    cut at `max_new_tokens`.
     """
     prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
-    completion = output[:, prompt_ids.shape[1] :]
-    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=device))
+    chunk = chunk or len(prompts)
+    pieces = [
+        model.generate(
+            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
+        )
+        for i in range(0, len(prompts), chunk)
+    ]
+    width = max(piece.shape[1] for piece in pieces)
+    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
+    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
+
+
+def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
+    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
+    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
     completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
     completion = completion.masked_fill(~completion_mask, pad_id)
     return {
         "input_ids": torch.cat([prompt_ids, completion], dim=1),
         "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
         "completion_mask": completion_mask,
+        "truncated": ~is_stop.any(-1),
     }
+
+
+def take_rows(batch: dict, rows: slice) -> dict:
+    return {key: value[rows] for key, value in batch.items()}
 
 
 def micro_batches(batch: dict, size: int):
@@ -511,13 +704,15 @@ def micro_batches(batch: dict, size: int):
         yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
 
 
-def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast) -> list[torch.Tensor]:
-    """No-grad log-probs of the completion tokens, one 1-D tensor per micro-batch."""
-    out = []
+def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
+    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
+    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
     with torch.no_grad(), autocast():
-        for _, ids, mask, completion_mask in micro_batches(batch, micro_batch_size):
+        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
+            if limit is not None and n >= limit:
+                break
             logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
-            out.append(logp[completion_mask])
+            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
     return out
 
 
@@ -526,14 +721,71 @@ def decode_completions(tokenizer, batch: dict) -> list[str]:
     return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the run stops, saves what was asked and exits 128 + signal."""
+
+
+def on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def save_checkpoint(path: str, state: dict):
+    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16: bool) -> str:
+    """A start-up line: what the weights, optimizer, KV cache and logits need (activations not counted)."""
+    gib = 2**-30
+    params = sum(p.numel() for p in model.parameters())
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    length = prompt_length + args.max_new_tokens
+    kv_cache = 2 * config.num_hidden_layers * kv_heads * head_dim * (2 if bf16 else 4) * sequences * length
+    logits = 3 * 4 * args.micro_batch_size * (args.max_new_tokens + 1) * config.vocab_size  # logits, softmax, gradient
+    weights = 4 * params
+    device = 4 * weights + (weights if args.lag else 0) + kv_cache + logits
+    return (
+        f"memory estimate per process: device {device * gib:.1f} GiB = weights {weights * gib:.2f} + gradients "
+        f"{weights * gib:.2f} + Adam {2 * weights * gib:.2f} + lagged generator {(weights if args.lag else 0) * gib:.2f} "
+        f"+ KV cache {kv_cache * gib:.2f} ({sequences} x {length} tokens) + logits {logits * gib:.2f} "
+        f"(activations not counted); host {(args.lag + 1) * weights * gib * bool(args.lag):.2f} GiB of policy buffer"
+    )
+
+
 def train(args: Args) -> dict:
     """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
+    error = validate(args)
+    if error:
+        fail(error)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    main_process = rank == 0
     run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
     run_dir = args.run_dir or os.path.join("runs", run_name)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    # Each rank samples its own completions; the data order is shared, so ranks split the same prompts.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
@@ -543,28 +795,26 @@ def train(args: Args) -> dict:
     eval_rows = load_split(args.eval_data_file, "test")[: args.eval_size] if args.eval_every > 0 else []
     model, tokenizer = load_model_and_tokenizer(args.model_id)
 
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "args.json"), "w") as handle:
-        json.dump(dataclasses.asdict(args), handle, indent=2)
-    if args.track:
-        import wandb
-
-        wandb.tensorboard.patch(root_logdir=run_dir)
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
-
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        if args.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+    distributed = world > 1
+    if distributed:
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    comm_device = device if distributed and device.type == "cuda" else torch.device("cpu")
     use_bf16 = args.bf16 and device.type == "cuda"
+
+    def all_reduce(values: list[float], op=None) -> list[float]:
+        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
+        if not distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=comm_device)
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
 
     def autocast():
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
@@ -595,197 +845,403 @@ def train(args: Args) -> dict:
     data_rng = np.random.default_rng(args.seed)
     order = collections.deque()
 
-    # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included.
-    # With no lag the learner generates itself and no copy is kept.
-    policy_buffer = collections.deque([copy.deepcopy(model.state_dict())], maxlen=args.lag + 1) if args.lag else None
+    # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included, kept
+    # in host memory until drawn. With no lag the learner generates itself and no copy is kept.
+    def snapshot():
+        return {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
+
+    policy_buffer = collections.deque([snapshot()], maxlen=args.lag + 1) if args.lag else None
     generator = copy.deepcopy(model).eval() if args.lag else model
 
     G = args.num_generations
-    single_pass = args.micro_batch_size == args.prompts_per_step * G  # a minibatch is one micro-batch
+    K = args.forward_lag
+    local_prompts = args.prompts_per_step // world  # each rank holds whole groups: GRPO's advantages stay local
+    local_sequences = local_prompts * G
+    single_pass = args.micro_batch_size == local_sequences  # a rank's share of a minibatch is one micro-batch
+    num_iterations = args.total_steps // K if args.total_steps else args.num_iterations
+    micro_per_batch = local_sequences // args.micro_batch_size
+    final_tv_batches = math.ceil(args.final_tv_fraction * micro_per_batch)
     history = {"steps": [], "iterations": [], "evals": []}
-    global_step = 0
+    counters = {"global_step": 0, "tokens_seen": 0}
+    first_iteration = 1
+    wandb_id = None
+
+    if args.resume:
+        state = torch.load(os.path.join(run_dir, CHECKPOINT), map_location="cpu", weights_only=False)
+        if state["world_size"] != world:
+            fail(f"--resume: the run used {state['world_size']} processes, this one {world}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if args.lag:
+            policy_buffer.clear()
+            policy_buffer.extend(state["policy_buffer"])
+        data_rng.bit_generator.state = state["data_rng"]
+        order.extend(state["order"])
+        set_rng_state(state["rng"][rank])
+        history, counters, wandb_id = state["history"], state["counters"], state["wandb_id"]
+        first_iteration = state["iteration"] + 1
+        run_name = state["run_name"]
+        del state
+
+    writer = None
+    if main_process:
+        if args.overwrite and os.path.isdir(run_dir):
+            shutil.rmtree(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
+        print(f"run folder: {run_dir}", flush=True)
+        with open(os.path.join(run_dir, "args.json"), "w") as handle:
+            json.dump(dataclasses.asdict(args), handle, indent=2)
+        if args.track:
+            import wandb
+
+            wandb.tensorboard.patch(root_logdir=run_dir)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                config=vars(args),
+                name=run_name,
+                save_code=True,
+                id=wandb_id,
+                resume="allow" if wandb_id else None,
+            )
+            wandb_id = wandb.run.id
+        # purge_step drops anything logged after the checkpoint by the interrupted run.
+        writer = SummaryWriter(run_dir, purge_step=counters["global_step"] + 1 if args.resume else None)
+        if not args.resume:
+            writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+            )
+        widest = max(len(p) for p in train_prompts)
+        sequences = args.generation_batch_size or K * local_sequences
+        print(memory_estimate(model, args, sequences, widest, use_bf16), flush=True)
 
     def evaluate():
         model.eval()
         correct, formatted = 0, 0
-        chunk = args.prompts_per_step * G
-        for start in range(0, len(eval_prompts), chunk):
+        for start in range(0, len(eval_prompts), local_sequences):
             with autocast():
-                batch = generate(model, eval_prompts[start : start + chunk], greedy_config, stop_ids, pad_id, device)
+                batch = generate(model, eval_prompts[start : start + local_sequences], greedy_config, stop_ids, pad_id, device)
             texts = decode_completions(tokenizer, batch)
-            for text, (_, reference) in zip(texts, eval_rows[start : start + chunk]):
+            for text, (_, reference) in zip(texts, eval_rows[start : start + local_sequences]):
                 correct += is_correct(text, reference)
                 formatted += extract_answer(text) is not None
-        record = {"step": global_step, "accuracy": correct / len(eval_rows), "format_rate": formatted / len(eval_rows)}
-        writer.add_scalar("eval/accuracy", record["accuracy"], global_step)
-        writer.add_scalar("eval/format_rate", record["format_rate"], global_step)
-        print(f"eval step {global_step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}")
+        step = counters["global_step"]
+        record = {"step": step, "accuracy": correct / len(eval_rows), "format_rate": formatted / len(eval_rows)}
+        writer.add_scalar("eval/accuracy", record["accuracy"], step)
+        writer.add_scalar("eval/format_rate", record["format_rate"], step)
+        print(f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}", flush=True)
         history["evals"].append(record)
 
-    if eval_rows:
-        evaluate()
-    start_time = time.time()
-    for iteration in range(1, args.num_iterations + 1):
-        # Choose the generating policy (backward lag).
-        staleness = 0
-        if args.lag:
-            index = 0 if args.lag_mode == "fixed" else random.randrange(len(policy_buffer))
-            staleness = len(policy_buffer) - 1 - index
-            generator.load_state_dict(policy_buffer[index])
-
-        # Generate K minibatches of prompts_per_step prompts x G completions.
-        model.eval()
-        synchronize()
-        generation_start = time.time()
-        minibatches = []
-        for _ in range(args.forward_lag):
-            while len(order) < args.prompts_per_step:
-                order.extend(data_rng.permutation(len(train_rows)).tolist())
-            indices = [order.popleft() for _ in range(args.prompts_per_step)]
-            prompts = [train_prompts[i] for i in indices for _ in range(G)]
-            with autocast():
-                batch = generate(generator, prompts, sample_config, stop_ids, pad_id, device)
-            batch["references"] = [train_rows[i][1] for i in indices for _ in range(G)]
-            minibatches.append(batch)
-        synchronize()
-        generation_time = time.time() - generation_start
-
-        # Rewards and GRPO advantages; behaviour log-probs from the generating weights, frozen from here on.
-        rewards, accuracy, formatted, lengths, zero_std = [], [], [], [], []
-        for batch in minibatches:
-            texts = decode_completions(tokenizer, batch)
-            batch_rewards = torch.tensor(
-                [compute_reward(text, ref) for text, ref in zip(texts, batch["references"])], dtype=torch.float32
-            )
-            batch["advantages"], zero_std_fraction = grpo_advantages(batch_rewards, G)
-            batch["advantages"] = batch["advantages"].to(device)
-            batch["logp_behaviour"] = score(generator, batch, args.micro_batch_size, args.temperature, autocast)
-            rewards.append(batch_rewards)
-            accuracy += [is_correct(text, ref) for text, ref in zip(texts, batch["references"])]
-            formatted += [extract_answer(text) is not None for text in texts]
-            lengths.append(batch["completion_mask"].sum(1).float().cpu())
-            zero_std.append(zero_std_fraction)
-        generated_tokens = int(torch.cat(lengths).sum())
-
-        # K optimizer steps, one per minibatch: forward lag k - 1 at step k.
-        model.train()
-        synchronize()
-        training_start = time.time()
-        training_tokens = 0
-        steps = []
-        for k, batch in enumerate(minibatches):
-            num_tokens = int(batch["completion_mask"].sum())
-            over_budget = False
-            if args.loss == "vaco" and not single_pass:
-                # D is a statistic of the whole minibatch, but gradients accumulate micro-batch by
-                # micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
-                current = score(model, batch, args.micro_batch_size, args.temperature, autocast)
-                over_budget = tv_estimate(torch.cat(current) - torch.cat(batch["logp_behaviour"])) > args.delta / 2
-            optimizer.zero_grad(set_to_none=True)
-            sums = collections.Counter()
-            for j, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, args.micro_batch_size)):
-                with autocast():
-                    logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], args.temperature)
-                logp = logp[completion_mask]
-                logp_behaviour = batch["logp_behaviour"][j]
-                advantages = batch["advantages"][rows][:, None].expand_as(completion_mask)[completion_mask]
-                log_ratio = logp.detach() - logp_behaviour
-                if args.loss == "ppo-clip":
-                    per_token, dropped = ppo_clip_loss(logp, logp_behaviour, advantages, args.clip_low, args.clip_high)
-                else:
-                    if single_pass:
-                        over_budget = tv_estimate(log_ratio) > args.delta / 2
-                    per_token, dropped = vaco_loss(logp, logp_behaviour, advantages, over_budget)
-                loss = per_token.sum() / num_tokens
-                if not torch.isfinite(loss):
-                    raise SystemExit(f"error: non-finite loss at iteration {iteration}, minibatch {k + 1}; stopping")
-                loss.backward()
-                ratio = log_ratio.exp()
-                sums["loss"] += loss.item()
-                sums["abs_dev"] += (ratio - 1).abs().sum().item()
-                sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
-                sums["dropped"] += dropped.sum().item()
-                training_tokens += int(mask.sum())
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-            if not math.isfinite(grad_norm):
-                raise SystemExit(f"error: non-finite gradient at iteration {iteration}, minibatch {k + 1}; stopping")
-            optimizer.step()
-            global_step += 1
-
-            step = {
-                "step": global_step,
+    def write_checkpoint(iteration: int):
+        rng_states = [None] * world
+        if distributed:
+            torch.distributed.all_gather_object(rng_states, rng_state())
+        else:
+            rng_states[0] = rng_state()
+        if main_process:
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "policy_buffer": list(policy_buffer) if args.lag else None,
+                "data_rng": data_rng.bit_generator.state,
+                "order": list(order),
+                "rng": rng_states,
+                "history": history,
+                "counters": counters,
                 "iteration": iteration,
-                "position": k + 1,
-                "policy_loss": sums["loss"],
-                "tv": 0.5 * sums["abs_dev"] / num_tokens,
-                "approx_kl": sums["approx_kl"] / num_tokens,
-                "grad_norm": grad_norm,
+                "world_size": world,
+                "run_name": run_name,
+                "wandb_id": wandb_id,
             }
-            if args.loss == "ppo-clip":
-                step["clip_fraction"] = sums["dropped"] / num_tokens
-            else:
-                step["filter_fraction"] = sums["dropped"] / num_tokens
-                step["over_budget"] = float(over_budget)
-            for key, tag in STEP_TAGS.items():
-                if key in step:
-                    writer.add_scalar(tag, step[key], global_step)
-            steps.append(step)
-        synchronize()
-        training_time = time.time() - training_start
+            save_checkpoint(os.path.join(run_dir, CHECKPOINT), state)
 
-        # Final divergence of the generation batch after its last update (the paper's TV plot).
-        model.eval()
-        final_log_ratio = torch.cat(
-            [
-                torch.cat(score(model, batch, args.micro_batch_size, args.temperature, autocast))
-                - torch.cat(batch["logp_behaviour"])
-                for batch in minibatches
-            ]
-        )
-        if args.lag:
-            policy_buffer.append(copy.deepcopy(model.state_dict()))
-
-        record = {
-            "step": global_step,
-            "iteration": iteration,
-            "reward": torch.cat(rewards).mean().item(),
-            "accuracy": float(np.mean(accuracy)),
-            "format_rate": float(np.mean(formatted)),
-            "response_length": torch.cat(lengths).mean().item(),
-            "zero_std_fraction": float(np.mean(zero_std)),
-            "staleness": staleness,
-            "tv_backward": steps[0]["tv"],
-            "tv_final": tv_estimate(final_log_ratio),
-            "generation_tokens_per_s": generated_tokens / generation_time,
-            "training_tokens_per_s": training_tokens / training_time,
-        }
-        if args.loss == "vaco":
-            record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
-        for key, tag in ITERATION_TAGS.items():
-            if key in record:
-                writer.add_scalar(tag, record[key], global_step)
-        history["steps"] += steps
-        history["iterations"].append(record)
-        dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
-        print(
-            f"iter {iteration}/{args.num_iterations} step {global_step} reward {record['reward']:.3f} "
-            f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} len {record['response_length']:.0f} "
-            f"tv_final {record['tv_final']:.4f} {dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
-            f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-            f"({time.time() - start_time:.0f} s)"
-        )
-
-        if eval_rows and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
-            evaluate()
-
-    if args.save_model:
+    def save_model():
         model.generation_config = checkpoint_generation_config
         model.save_pretrained(os.path.join(run_dir, "model"))
         tokenizer.save_pretrained(os.path.join(run_dir, "model"))
-        print(f"model saved to {os.path.join(run_dir, 'model')}")
-    writer.close()
-    if args.track:
-        wandb.finish()
+        model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=pad_id)
+        print(f"model saved to {os.path.join(run_dir, 'model')}", flush=True)
+
+    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = None
+    start_time = time.time()
+    try:
+        if eval_rows and main_process and not args.resume:
+            evaluate()
+        for iteration in range(first_iteration, num_iterations + 1):
+            timers = collections.Counter()
+            iteration_start = time.perf_counter()
+
+            @contextlib.contextmanager
+            def timed(phase):
+                synchronize()
+                begin = time.perf_counter()
+                yield
+                synchronize()
+                timers[phase] += time.perf_counter() - begin
+
+            # Choose the generating policy (backward lag), with the data-order generator: the same draw on every rank.
+            staleness = 0
+            if args.lag:
+                index = 0 if args.lag_mode == "fixed" else int(data_rng.integers(len(policy_buffer)))
+                staleness = len(policy_buffer) - 1 - index
+                with timed("buffer"):
+                    generator.load_state_dict(policy_buffer[index])
+
+            # One generation batch of K minibatches; this rank generates its share of each minibatch's prompts.
+            model.eval()
+            with timed("generation"):
+                prompt_rows = []
+                for _ in range(K):
+                    while len(order) < args.prompts_per_step:
+                        order.extend(data_rng.permutation(len(train_rows)).tolist())
+                    indices = [order.popleft() for _ in range(args.prompts_per_step)]
+                    prompt_rows += indices[rank * local_prompts : (rank + 1) * local_prompts]
+                prompts = [train_prompts[i] for i in prompt_rows for _ in range(G)]
+                with autocast():
+                    generated = generate(
+                        generator, prompts, sample_config, stop_ids, pad_id, device, args.generation_batch_size
+                    )
+            references = [train_rows[i][1] for i in prompt_rows for _ in range(G)]
+
+            # Rewards and GRPO advantages.
+            with timed("rewards"):
+                texts = decode_completions(tokenizer, generated)
+                rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
+                advantages, zero_std = grpo_advantages(rewards, G)
+                group_std = rewards.view(-1, G).std(dim=1)
+                lengths = generated["completion_mask"].sum(1).float().cpu()
+                truncated = generated["truncated"].float().cpu()
+                sums = all_reduce(
+                    [
+                        rewards.sum().item(),
+                        float(len(texts)),
+                        sum(is_correct(t, r) for t, r in zip(texts, references)),
+                        sum(extract_answer(t) is not None for t in texts),
+                        lengths.sum().item(),
+                        truncated.sum().item(),
+                        group_std.sum().item(),
+                        zero_std * group_std.numel(),
+                        float(group_std.numel()),
+                        generated["attention_mask"].sum().item(),
+                    ]
+                )
+                low = all_reduce([lengths.min().item(), -lengths.max().item()], torch.distributed.ReduceOp.MIN)
+                generated["advantages"] = advantages.to(device)
+                generated["loss_mask"] = generated["completion_mask"]
+                if args.mask_truncated_completions:
+                    generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
+            minibatches = [take_rows(generated, slice(k * local_sequences, (k + 1) * local_sequences)) for k in range(K)]
+
+            # Behaviour log-probs from the generating weights, frozen from here on. With no backward lag the
+            # first minibatch is scored by unchanged weights in its own training pass, the same tensors and
+            # the same computation as a separate pass would be (r = 1 exactly): that pass is skipped.
+            with timed("behaviour"):
+                for k, batch in enumerate(minibatches):
+                    if k == 0 and not args.lag:
+                        batch["logp_behaviour"] = None
+                    else:
+                        batch["logp_behaviour"] = score(generator, batch, args.micro_batch_size, args.temperature, autocast)
+
+            # K optimizer steps, one per minibatch: forward lag k - 1 at step k.
+            model.train()
+            training_tokens = 0
+            steps = []
+            for k, batch in enumerate(minibatches):
+                num_tokens = all_reduce([batch["loss_mask"].sum().item()])[0]
+                denominator = max(num_tokens, 1.0)
+                over_budget = False
+                if args.loss == "vaco" and not single_pass and batch["logp_behaviour"] is not None:
+                    # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
+                    # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
+                    with timed("prescore"):
+                        current = score(model, batch, args.micro_batch_size, args.temperature, autocast)
+                        deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
+                        over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
+                with timed("training"):
+                    optimizer.zero_grad(set_to_none=True)
+                    step_sums = collections.Counter()
+                    for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
+                        width = completion_mask.shape[1]
+                        with autocast():
+                            logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
+                        selected = batch["loss_mask"][rows, :width]
+                        if batch["logp_behaviour"] is None:
+                            batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+                        if k == 0 and not args.lag:
+                            batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
+                        logp = logp[selected]
+                        logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
+                        token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
+                        log_ratio = logp.detach() - logp_behaviour
+                        ratio = log_ratio.exp()
+                        if args.loss == "vaco" and single_pass:
+                            deviation = abs_deviation(log_ratio)
+                            over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
+                        if args.loss == "ppo-clip":
+                            per_token, dropped = ppo_clip_loss(
+                                logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high
+                            )
+                        else:
+                            per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
+                        loss = per_token.sum() / denominator
+                        if not torch.isfinite(loss):
+                            raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
+                        loss.backward()
+                        step_sums["loss"] += loss.item()
+                        step_sums["abs_dev"] += abs_deviation(log_ratio)
+                        step_sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
+                        step_sums["dropped"] += dropped.sum().item()
+                        step_sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
+                        step_sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
+                        step_sums["entropy"] += entropy[selected].sum().item()
+                        training_tokens += int(mask.sum())
+                    if distributed:  # the sum over ranks: each rank's loss is already divided by the global count
+                        for parameter in model.parameters():
+                            if parameter.grad is None:
+                                parameter.grad = torch.zeros_like(parameter)
+                        handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+                        for handle in handles:
+                            handle.wait()
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                    if not math.isfinite(grad_norm):
+                        raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
+                    optimizer.step()
+                counters["global_step"] += 1
+                keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
+                totals = dict(zip(keys, all_reduce([float(step_sums[key]) for key in keys])))
+                step = {
+                    "step": counters["global_step"],
+                    "iteration": iteration,
+                    "position": k + 1,
+                    "policy_loss": totals["loss"],
+                    "tv": 0.5 * totals["abs_dev"] / denominator,
+                    "approx_kl": totals["approx_kl"] / denominator,
+                    "grad_norm": grad_norm,
+                    "entropy": totals["entropy"] / denominator,
+                    "learning_rate": optimizer.param_groups[0]["lr"],
+                }
+                if args.loss == "ppo-clip":
+                    step["clip_fraction"] = totals["dropped"] / denominator
+                    step["clip_ratio_low"] = totals["clip_low"] / denominator
+                    step["clip_ratio_high"] = totals["clip_high"] / denominator
+                else:
+                    step["filter_fraction"] = totals["dropped"] / denominator
+                    step["over_budget"] = float(over_budget)
+                if main_process:
+                    for key, tag in STEP_TAGS.items():
+                        if key in step:
+                            writer.add_scalar(tag, step[key], counters["global_step"])
+                steps.append(step)
+
+            # Final divergence of the generation batch after its last update (the paper's TV plot), on the
+            # first --final-tv-fraction of each minibatch's micro-batches.
+            final_tv = None
+            if final_tv_batches:
+                model.eval()
+                with timed("final_tv"):
+                    deviation, count = 0.0, 0.0
+                    for batch in minibatches:
+                        current = score(model, batch, args.micro_batch_size, args.temperature, autocast, final_tv_batches)
+                        scored = batch["loss_mask"].clone()
+                        scored[final_tv_batches * args.micro_batch_size :] = False
+                        deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
+                        count += scored.sum().item()
+                    deviation, count = all_reduce([deviation, count])
+                    final_tv = 0.5 * deviation / max(count, 1.0)
+            if args.lag:
+                with timed("buffer"):
+                    policy_buffer.append(snapshot())
+
+            if main_process and eval_rows and (iteration % args.eval_every == 0 or iteration == num_iterations):
+                with timed("eval"):
+                    evaluate()
+
+            counters["tokens_seen"] += int(sums[9])
+            wall = time.perf_counter() - iteration_start
+            record = {
+                "step": counters["global_step"],
+                "iteration": iteration,
+                "reward": sums[0] / sums[1],
+                "reward_std": sums[6] / sums[8],
+                "accuracy": sums[2] / sums[1],
+                "format_rate": sums[3] / sums[1],
+                "response_length": sums[4] / sums[1],
+                "response_length_min": low[0],
+                "response_length_max": -low[1],
+                "truncated_fraction": sums[5] / sums[1],
+                "zero_std_fraction": sums[7] / sums[8],
+                "tokens_seen": counters["tokens_seen"],
+                "staleness": staleness,
+                "tv_backward": steps[0]["tv"],
+                "tv_final": final_tv,
+                "generation_tokens_per_s": all_reduce([lengths.sum().item()])[0] / timers["generation"],
+                "training_tokens_per_s": all_reduce([float(training_tokens)])[0] / timers["training"],
+                "iteration_seconds": wall,
+                "other_seconds": wall - sum(timers.values()),
+            }
+            record.update({f"{phase}_seconds": seconds for phase, seconds in timers.items()})
+            if args.loss == "vaco":
+                record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
+            history["steps"] += steps
+            history["iterations"].append(record)
+            if main_process:
+                for key, value in record.items():
+                    tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
+                    if tag and value is not None:
+                        writer.add_scalar(tag, value, counters["global_step"])
+                dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+                tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
+                print(
+                    f"iter {iteration}/{num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
+                    f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
+                    f"len {record['response_length']:.0f} tv_final {tv_text} "
+                    f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
+                    f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
+                    f"({time.time() - start_time:.0f} s)",
+                    flush=True,
+                )
+            if iteration == num_iterations or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+                begin = time.perf_counter()
+                write_checkpoint(iteration)
+                if main_process:
+                    writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, counters["global_step"])
+    except Interrupted as stop:
+        interrupted = signal.Signals(stop.args[0])
+        if main_process:
+            print(f"\ninterrupted by {interrupted.name} at step {counters['global_step']}", flush=True)
+    except FloatingPointError as problem:
+        if writer:
+            writer.close()
+        raise SystemExit(f"error: {problem}; stopping")
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+
+    if main_process:
+        if args.save_model:
+            save_model()
+        last = history["iterations"][-1] if history["iterations"] else {}
+        summary = {
+            "interrupted": interrupted.name if interrupted else False,
+            "global_step": counters["global_step"],
+            "iterations": len(history["iterations"]),
+            "tokens_seen": counters["tokens_seen"],
+            "reward": last.get("reward"),
+            "tv_final": last.get("tv_final"),
+            "eval_accuracy": history["evals"][-1]["accuracy"] if history["evals"] else None,
+            "seconds": time.time() - start_time,
+        }
+        with open(os.path.join(run_dir, "summary.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+        writer.close()
+        if args.track:
+            wandb.finish(exit_code=128 + interrupted if interrupted else 0)
+    if distributed and not interrupted:
+        torch.distributed.destroy_process_group()
+    if interrupted:
+        raise SystemExit(128 + interrupted)
     return history
 
 

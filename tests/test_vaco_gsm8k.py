@@ -3,12 +3,15 @@ built in code (tests/fixtures_gsm8k/tiny_setup.py), saved to a temp folder and l
 script's own loading path, and a GSM8k-schema JSONL written by the tests."""
 
 import copy
+import dataclasses
 import glob
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing from the hub
@@ -52,6 +55,7 @@ def tiny_args(tiny, tmp_path, **overrides) -> V.Args:
         max_new_tokens=12,
         learning_rate=3e-3,
         torch_threads=1,
+        overwrite=True,
     )
     settings.update(overrides)
     return V.Args(**settings)
@@ -66,43 +70,82 @@ def toy_reward(monkeypatch):
 # ---------------------------------------------------------------- reward
 
 
-@pytest.mark.parametrize(
-    "completion, expected",
-    [
-        ("so the total is 42.\n#### 42", 42.0),
-        ("#### 1,234", 1234.0),
-        ("####1,234,567", 1234567.0),
-        ("#### -5", -5.0),
-        ("#### 3.50", 3.5),
-        ("#### .5", 0.5),
-        ("#### $18", 18.0),
-        ("#### $1,000.00", 1000.0),
-        ("#### 18.", 18.0),
-        ("####   7 apples", 7.0),
-        ("#### 12\n#### 13", 12.0),  # several answers: the first counts
-        ("the answer is 12", None),  # no #### at all
-        ("#### ", None),
-        ("#### twelve", None),
-        ("#### inf", None),
-        ("#### 1e5", None),
-        ("#### 1_000", None),
-        ("#### 3.5.2", None),
-    ],
-)
-def test_extract_answer(completion, expected):
-    assert V.extract_answer(completion) == expected
+# The reward battery: (completion, reference, reward, strict `####` answer or None). The rules are
+# docs/method.md §4: the last `####` line that holds a number, else the last \boxed{}, else the last number.
+BATTERY = [
+    # plain GSM8k format
+    ("so the total is 42.\n#### 42", 42, 1.0, 42.0),
+    ("#### 1,234", 1234, 1.0, 1234.0),
+    ("####1,234,567", 1234567, 1.0, 1234567.0),
+    ("#### 1072.0", 1072, 1.0, 1072.0),
+    ("#### 1071", 1072, 0.0, 1071.0),
+    # markdown and LaTeX decoration
+    ("#### **18**", 18, 1.0, 18.0),
+    ("#### *18*", 18, 1.0, 18.0),
+    ("#### `18`", 18, 1.0, 18.0),
+    ("#### \\boxed{18}", 18, 1.0, 18.0),
+    ("#### $\\boxed{18}$", 18, 1.0, 18.0),
+    ("#### \\(18\\)", 18, 1.0, 18.0),
+    ("#### **Final answer: 18**", 18, 1.0, 18.0),
+    ("#### Answer: 18", 18, 1.0, 18.0),
+    ("#### The answer is 18", 18, 1.0, 18.0),
+    # units, currency, percent
+    ("#### $18", 18, 1.0, 18.0),
+    ("#### \\$18", 18, 1.0, 18.0),
+    ("#### $1,000.00", 1000, 1.0, 1000.0),
+    ("#### 18%", 18, 1.0, 18.0),
+    ("####   7 apples", 7, 1.0, 7.0),
+    ("#### 60 km", 60, 1.0, 60.0),
+    ("#### 1,000", 1000, 1.0, 1000.0),
+    # decimals and signs
+    ("#### 3.50", 3.5, 1.0, 3.5),
+    ("#### .5", 0.5, 1.0, 0.5),
+    ("#### 18.", 18, 1.0, 18.0),
+    ("#### -5", -5, 1.0, -5.0),
+    ("#### \u22125", -5, 1.0, -5.0),  # a typographic minus sign
+    ("#### +5", 5, 1.0, 5.0),
+    ("#### 0.333", 1 / 3, 0.0, 0.333),  # compared to 1e-6: rounding is not the answer
+    # an equation on the answer line: the value after the last =
+    ("#### 3 + 4 = 7", 7, 1.0, 7.0),
+    ("#### 12 * 3 = $36", 36, 1.0, 36.0),
+    # several #### and markdown headings: the last #### line holding a number counts
+    ("#### 12\n#### 13", 13, 1.0, 13.0),
+    ("#### 5 then\n#### 1072", 1072, 1.0, 1072.0),
+    ("#### Step 1\n3 + 4 = 7\n#### Step 2\n7 * 2 = 14\n#### 14", 14, 1.0, 14.0),
+    ("#### Step 1: add\n3 + 4 = 7\n\n#### Final answer\n**7**", 7, 1.0, None),  # no number on a #### line
+    ("#### 7\n#### Step 2 was wrong", 7, 1.0, 7.0),
+    # no #### at all: the last \boxed{}, else the last number of the text
+    ("the answer is 12", 12, 1.0, None),
+    ("The answer is **18**.", 18, 1.0, None),
+    ("So she has \\boxed{1,234} pens, 5 boxes.", 1234, 1.0, None),
+    ("\\boxed{3} first, then \\boxed{4}", 4, 1.0, None),
+    ("She pays $1,000 in total.", 1000, 1.0, None),
+    ("no numbers here", 0, 0.0, None),
+    ("", 0, 0.0, None),
+    # not numbers
+    ("#### ", 0, 0.0, None),
+    ("#### twelve", 12, 0.0, None),
+    ("#### inf", 0, 0.0, None),
+    ("#### 1e5", 100000, 0.0, None),
+    ("#### 1_000", 1000, 0.0, None),
+    ("#### 3.5.2", 3.5, 0.0, None),
+]
 
 
-def test_reference_and_reward():
+@pytest.mark.parametrize("completion, reference, reward, strict", BATTERY)
+def test_reward_battery(completion, reference, reward, strict):
+    assert V.compute_reward(completion, reference) == reward
+    assert V.extract_answer(completion) == (None if strict is None else pytest.approx(strict))
+
+
+def test_reward_battery_size():
+    assert len(BATTERY) >= 40
+
+
+def test_reference_answer():
     answer = "She sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 1,072"
-    reference = V.reference_answer(answer)
-    assert reference == 1072.0
-    assert V.compute_reward("so... #### 1,072", reference) == 1.0
-    assert V.compute_reward("#### 1072.0", reference) == 1.0  # compared as numbers
-    assert V.compute_reward("#### $1072.", reference) == 1.0
-    assert V.compute_reward("#### 1071", reference) == 0.0
-    assert V.compute_reward("1072", reference) == 0.0  # right number, no #### answer
-    assert V.compute_reward("#### 5 then #### 1072", reference) == 0.0  # first #### counts
+    assert V.reference_answer(answer) == 1072.0
+    assert V.reference_answer("no final line") is None
 
 
 # ---------------------------------------------------------------- GRPO advantages and losses
@@ -120,10 +163,10 @@ def test_grpo_advantages_against_hand_computation():
     assert zero_std == pytest.approx(1 / 3)
 
 
-def test_tv_estimate():
+def test_abs_deviation():
     log_ratio = torch.tensor([0.0, 0.1, -0.2, 0.3])
-    expected = 0.5 * sum(abs(math.exp(x) - 1) for x in [0.0, 0.1, -0.2, 0.3]) / 4
-    assert V.tv_estimate(log_ratio) == pytest.approx(expected, rel=1e-6)
+    expected = sum(abs(math.exp(x) - 1) for x in [0.0, 0.1, -0.2, 0.3])
+    assert V.abs_deviation(log_ratio) == pytest.approx(expected, rel=1e-6)
 
 
 def test_ppo_clip_is_asymmetric():
@@ -209,7 +252,7 @@ def test_behaviour_logprobs_match_generation_time_logits(tiny):
     sampled_tokens = output.sequences[:, ids.shape[1] :]
     sampled = torch.stack(output.logits, dim=1).double() / 0.7
     generation_logp = torch.log_softmax(sampled, -1).gather(-1, sampled_tokens[..., None]).squeeze(-1)
-    behaviour = V.score(model, batch, 3, 0.7, lambda: torch.autocast("cpu", enabled=False))[0]
+    behaviour = V.score(model, batch, 3, 0.7, lambda: torch.autocast("cpu", enabled=False))[completion_mask]
     assert torch.equal(sampled_tokens[completion_mask], batch["input_ids"][:, ids.shape[1] :][completion_mask])
     assert torch.allclose(behaviour.double(), generation_logp[completion_mask], atol=1e-4)
 
@@ -281,7 +324,7 @@ def test_mean_reward_rises(tiny, tmp_path, toy_reward, loss):
     assert any(s[dropped] > 0.0 for s in later)
     if loss == "vaco":
         assert all(s["filter_fraction"] == 0.0 for s in history["steps"] if not s["over_budget"])
-        assert all(s["over_budget"] == float(s["tv"] > V.Args.delta / 2) for s in history["steps"])
+        assert all(s["over_budget"] == float(s["tv"] > V.Args.tv_threshold / 2) for s in history["steps"])
 
 
 def test_vaco_filter_with_gradient_accumulation_matches_one_pass(tiny, tmp_path, toy_reward):
@@ -341,11 +384,14 @@ def expect_usage_error(capsys, call, *fragments):
         (["--forward-lag", "0"], "--forward-lag"),
         (["--lag", "-1"], "--lag"),
         (["--clip-low", "1.5"], "--clip-low"),
-        (["--delta", "0"], "--delta"),
+        (["--tv-threshold", "0"], "--tv-threshold"),
         (["--data-file", "/no/such/train.jsonl"], "does not exist"),
         (["--eval-data-file", "/no/such/test.jsonl"], "does not exist"),
         (["--model-id", "/no/such/model"], "no such model folder"),
         (["--model-id", "./not/here"], "no such model folder"),
+        (["--seed", "abc"], "--seed"),  # tyro's own errors are folded into one line too
+        (["--no-such-flag", "1"], "Unrecognized options"),
+        (["--loss", "sgd"], "--loss"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
@@ -418,6 +464,7 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("iter ") == 2 and result.stdout.count("eval step") == 3
+    assert "it/s" not in result.stderr + result.stdout and "Warning" not in result.stderr  # quiet: no progress bars
 
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "gsm8k__vaco_gsm8k__vaco__1__*"))
     saved = json.loads(Path(run_dir, "args.json").read_text())
@@ -425,11 +472,287 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     events = EventAccumulator(run_dir)
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = set(V.STEP_TAGS.values()) - {"losses/clipfrac"} | set(V.ITERATION_TAGS.values())
-    expected |= {"eval/accuracy", "eval/format_rate"}
+    ppo_only = {"losses/clipfrac", "losses/clip_ratio_low", "losses/clip_ratio_high"}
+    expected = set(V.STEP_TAGS.values()) - ppo_only | set(V.ITERATION_TAGS.values())
+    expected |= {"eval/accuracy", "eval/format_rate", "perf/generation_seconds", "perf/other_seconds"}
     assert expected <= tags, expected - tags
-    assert "losses/clipfrac" not in tags  # a PPO-clip statistic
-    assert len(events.Scalars("lag/minibatch_tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
+    assert not ppo_only & tags  # PPO-clip statistics
+    assert f"run folder: {os.path.relpath(run_dir, tmp_path)}" in result.stdout and "memory estimate" in result.stdout
+    assert json.loads(Path(run_dir, "summary.json").read_text())["interrupted"] is False
+    assert len(events.Scalars("vaco/tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
     model, tokenizer = V.load_model_and_tokenizer(os.path.join(run_dir, "model"))
     assert tokenizer.chat_template == V.AutoTokenizer.from_pretrained(tiny["llama"]).chat_template
     assert glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+
+
+# ---------------------------------------------------------------- validation table, run folders, signals, resume
+
+
+def bad_input_cases(tmp_path, tiny):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "args.json").write_text("{}")
+    return [
+        (["--seed", "-1"], "--seed must be in [0, 2**32)"),
+        (["--learning-rate", "nan"], "--learning-rate must be > 0 and finite"),
+        (["--max-grad-norm", "inf"], "--max-grad-norm must be > 0 and finite"),
+        (["--final-tv-fraction", "1.5"], "--final-tv-fraction must be in [0, 1]"),
+        (["--total-steps", "5", "--forward-lag", "2"], "--total-steps (5) must be a multiple of --forward-lag (2)"),
+        (["--data-file", str(tmp_path)], "is a directory"),
+        (["--run-dir", "/proc/x"], "is not writable"),
+        (["--run-dir", str(a_file / "sub")], "is under a file"),
+        (["--run-dir", str(a_file)], "is a file"),
+        (["--run-dir", str(existing)], "already holds a run: pass --resume"),
+        (["--run-dir", str(existing), "--resume"], "no checkpoint.pt"),
+        (["--resume"], "--resume needs the --run-dir"),
+        (["--run-dir", str(existing), "--resume", "--overwrite"], "exclude each other"),
+        (["--run-dir", str(tmp_path / "new"), "--resume"], "holds no run"),
+    ]
+
+
+def test_bad_inputs_one_line_and_nothing_left_behind(tiny, tmp_path, capsys):
+    for argv, fragment in bad_input_cases(tmp_path, tiny):
+        before = sorted(os.listdir(tmp_path))
+        expect_usage_error(capsys, lambda: V.parse_args(["--model-id", tiny["llama"], *argv]), fragment)
+        assert sorted(os.listdir(tmp_path)) == before, argv
+
+
+def test_non_utf8_data_stops_before_the_run_folder(tiny, tmp_path, capsys):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(json.dumps({"question": "caf\u00e9", "answer": "#### 1"}, ensure_ascii=False).encode("latin-1") + b"\n")
+    args = tiny_args(tiny, tmp_path, data_file=str(bad))
+    expect_usage_error(capsys, lambda: V.train(args), f"{bad}:1: not UTF-8 text")
+    assert not Path(args.run_dir).exists()
+
+
+def test_existing_run_is_refused_then_overwritten(tiny, tmp_path, capsys):
+    args = tiny_args(tiny, tmp_path, overwrite=False, checkpoint_every=0)
+    V.train(args)
+    stale = Path(args.run_dir, "stale.txt")
+    stale.write_text("old")
+    expect_usage_error(capsys, lambda: V.train(args), "already holds a run")
+    V.train(dataclasses.replace(args, overwrite=True))
+    assert not stale.exists() and Path(args.run_dir, "summary.json").exists()
+    changed = dataclasses.replace(args, resume=True, lag=1)
+    expect_usage_error(capsys, lambda: V.train(changed), "--resume: --lag is 1 here but 0 in")
+
+
+def without_timings(history):
+    return {
+        part: [{k: v for k, v in r.items() if not k.endswith(("_seconds", "_per_s"))} for r in records]
+        for part, records in history.items()
+    }
+
+
+def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
+    settings = dict(loss="vaco", lag=1, forward_lag=2, micro_batch_size=8, learning_rate=1e-2, checkpoint_every=1)
+    whole = V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "whole"), num_iterations=3, **settings))
+    V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=2, **settings))
+    part = tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=3, overwrite=False, resume=True)
+    resumed = V.train(dataclasses.replace(part, **settings))
+    assert without_timings(resumed) == without_timings(whole)
+    assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
+    saved = [torch.load(tmp_path / name / V.CHECKPOINT, weights_only=False) for name in ("whole", "part")]
+    for key, value in saved[0]["model"].items():
+        assert torch.equal(value, saved[1]["model"][key]), key
+    buffers = [s["policy_buffer"] for s in saved]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(*buffers) for k in a)
+    adam = [s["optimizer"]["state"] for s in saved]
+    assert all(torch.equal(adam[0][i]["exp_avg_sq"], adam[1][i]["exp_avg_sq"]) for i in adam[0])
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_the_model_and_marks_the_summary(tiny, tmp_path, signum, code):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "vaco_gsm8k.py"), "--model-id", tiny["llama"], "--data-file", tiny["data"]]
+    command += ["--eval-every=0", "--num-iterations=1000", "--prompts-per-step=2", "--num-generations=4"]
+    command += ["--micro-batch-size=8", "--max-new-tokens=8", "--torch-threads=1", "--save-model=True"]
+    command += ["--run-dir", str(run_dir)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # stop it in the middle of training
+        if line.startswith("iter 2/"):
+            process.send_signal(signum)
+            break
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == code, err[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] == signal.Signals(signum).name and summary["global_step"] >= 2
+    model, _ = V.load_model_and_tokenizer(str(run_dir / "model"))
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# ---------------------------------------------------------------- metrics, budget, truncation, timers
+
+
+def test_entropy_against_full_softmax(tiny):
+    model, tokenizer = load_tiny(tiny["llama"])
+    ids, mask = V.left_pad([[5, 6, 7, 8, 9, 10], [11, 12, 13]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        _, entropy = V.completion_logprobs(model, ids, mask, 2, 0.7, with_entropy=True)
+        logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]])).logits[0, -3:-1].double() / 0.7
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(entropy[0].double(), -(p * p.log()).sum(-1), atol=1e-5)
+
+
+def test_metrics_against_the_rewards_they_summarise(tiny, tmp_path, monkeypatch):
+    seen = []
+
+    def recording_reward(completion, reference):
+        seen.append((len(completion) % 3) / 2)
+        return seen[-1]
+
+    monkeypatch.setattr(V, "compute_reward", recording_reward)
+    history = V.train(tiny_args(tiny, tmp_path, loss="ppo-clip", forward_lag=2, learning_rate=3e-2))
+    record = history["iterations"][0]
+    rewards = torch.tensor(seen).view(-1, 8)
+    assert record["reward"] == pytest.approx(rewards.mean().item())
+    assert record["reward_std"] == pytest.approx(rewards.std(dim=1).mean().item())  # TRL: mean of the group stds
+    assert record["response_length_min"] <= record["response_length"] <= record["response_length_max"] <= 12
+    for step in history["steps"]:
+        assert step["clip_fraction"] == pytest.approx(step["clip_ratio_low"] + step["clip_ratio_high"])
+        assert step["learning_rate"] == 3e-2 and step["entropy"] > 0
+    assert any(s["clip_ratio_low"] > 0 or s["clip_ratio_high"] > 0 for s in history["steps"])
+    assert record["tokens_seen"] > 2 * 32 * record["response_length"]  # prompts and completions
+
+
+def test_total_steps_fixes_optimizer_steps_across_forward_lags(tiny, tmp_path, toy_reward):
+    for k in (1, 2, 4):
+        history = V.train(tiny_args(tiny, tmp_path, forward_lag=k, total_steps=4, num_iterations=99, max_new_tokens=4))
+        assert len(history["steps"]) == 4 and len(history["iterations"]) == 4 // k
+
+
+def test_masked_truncated_completions_carry_no_gradient(tiny, tmp_path, toy_reward, monkeypatch):
+    monkeypatch.setattr(V, "stop_token_ids", lambda model, tokenizer: [10**6])  # no stop token: all truncated
+    runs = {m: V.train(tiny_args(tiny, tmp_path, max_new_tokens=3, mask_truncated_completions=m)) for m in (False, True)}
+    assert runs[True]["iterations"][0]["truncated_fraction"] == 1.0
+    assert runs[True]["steps"][0]["grad_norm"] == 0.0 and runs[True]["steps"][0]["policy_loss"] == 0.0
+    assert runs[False]["steps"][0]["grad_norm"] > 0.0
+
+
+def test_phase_timers_add_up_to_wall_time(tiny, tmp_path, toy_reward):
+    start = time.perf_counter()
+    history = V.train(tiny_args(tiny, tmp_path, num_iterations=2, forward_lag=2, lag=1, micro_batch_size=8))
+    wall = time.perf_counter() - start
+    for record in history["iterations"]:
+        phases = sum(
+            v for k, v in record.items() if k.endswith("_seconds") and k not in ("iteration_seconds", "other_seconds")
+        )
+        assert phases + record["other_seconds"] == pytest.approx(record["iteration_seconds"])
+        assert record["other_seconds"] < 0.2 * record["iteration_seconds"], record
+        assert {"generation_seconds", "behaviour_seconds", "prescore_seconds", "final_tv_seconds"} <= set(record)
+    assert sum(r["iteration_seconds"] for r in history["iterations"]) < wall
+
+
+def test_skipped_behaviour_pass_equals_the_training_pass(tiny):
+    """With no backward lag the first minibatch's training forward pass replaces the behaviour pass: it scores
+    the same micro-batches with the same weights, and gives bit-identical log-probs (train mode, autograd on,
+    gradient checkpointing included)."""
+    model, tokenizer = load_tiny(tiny["qwen2"])
+    stop_ids = V.stop_token_ids(model, tokenizer)
+    model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    config = GenerationConfig(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=10)
+    prompts = [V.encode_prompt(tokenizer, q) for q, _ in PROBLEMS for _ in range(2)]
+    torch.manual_seed(3)
+    batch = V.generate(model, prompts, config, stop_ids, tokenizer.pad_token_id, "cpu", chunk=5)
+    behaviour = V.score(model, batch, 4, 1.0, lambda: torch.autocast("cpu", enabled=False))
+    model.train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for rows, ids, mask, completion_mask in V.micro_batches(batch, 4):
+        logp = V.completion_logprobs(model, ids, mask, completion_mask.shape[1], 1.0)
+        assert logp.requires_grad
+        assert torch.equal(logp.detach()[completion_mask], behaviour[rows, : completion_mask.shape[1]][completion_mask])
+
+
+# ---------------------------------------------------------------- data-parallel training (torch.distributed, gloo)
+
+
+def seeded_generate(model, prompts, config, stop_ids, pad_id, device, chunk=0):
+    """A stand-in for sampling whose completion of a prompt depends only on the prompt and its index in the
+    group, not on which process generates it or next to which other prompts: so 1 and 2 processes train
+    on the same completions and their updates can be compared."""
+    completions = torch.full((len(prompts), config.max_new_tokens), pad_id, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        rng = torch.Generator().manual_seed(sum(t * 31**n for n, t in enumerate(prompt)) % 2**31 + 7919 * (i % 8))
+        length = int(torch.randint(1, config.max_new_tokens + 1, (1,), generator=rng))
+        completions[i, :length] = torch.randint(4, 100, (length,), generator=rng)
+        if length < config.max_new_tokens:
+            completions[i, length] = stop_ids[0]
+    prompt_ids, prompt_mask = V.left_pad(prompts, pad_id)
+    return V.completion_batch(prompt_ids, prompt_mask, completions, stop_ids, pad_id)
+
+
+def distributed_worker(rank, world, port, settings):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+    os.environ["LOCAL_RANK"] = str(rank)
+    torch.set_num_threads(1)
+    V.generate, V.compute_reward = seeded_generate, digit_fraction
+    history = V.train(V.Args(**settings))
+    if rank == 0:
+        Path(settings["run_dir"], "history.json").write_text(json.dumps(history))
+
+
+@pytest.mark.parametrize("loss, micro, lag", [("vaco", 16, 0), ("vaco", 8, 0), ("ppo-clip", 16, 1)])
+def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
+    """2 processes (gloo) and 1 process on the same prompts and completions: the same parameters after
+    2 optimizer steps (one generation batch at K = 2), the same D, mask and logged statistics. With backward
+    lag (3 generation batches, a uniform draw from the policy buffer), every rank draws the same policy."""
+    import socket as socket_module
+
+    import torch.multiprocessing as mp
+
+    settings = dict(
+        dataclasses.asdict(tiny_args(tiny, tmp_path, loss=loss, forward_lag=2, micro_batch_size=micro, lag=lag)),
+        num_iterations=3 if lag else 1,
+        learning_rate=1e-2,
+        save_model=True,
+        checkpoint_every=0,
+    )
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    two = dict(settings, run_dir=str(tmp_path / "two"))
+    mp.spawn(distributed_worker, args=(2, port, two), nprocs=2, join=True)
+    monkeypatch.setattr(V, "generate", seeded_generate)
+    monkeypatch.setattr(V, "compute_reward", digit_fraction)
+    one = dict(settings, run_dir=str(tmp_path / "one"))
+    single = V.train(V.Args(**one))
+    double = json.loads(Path(two["run_dir"], "history.json").read_text())
+    for a, b in zip(single["steps"], double["steps"]):
+        for key, value in a.items():
+            assert value == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    if loss == "vaco":
+        assert any(s["over_budget"] for s in single["steps"]) and any(s["filter_fraction"] > 0 for s in single["steps"])
+    for key in ["reward", "reward_std", "response_length", "response_length_min", "response_length_max", "tv_final"]:
+        for a, b in zip(single["iterations"], double["iterations"]):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), key
+    assert [r["staleness"] for r in single["iterations"]] == [r["staleness"] for r in double["iterations"]]
+    models = [V.load_model_and_tokenizer(str(tmp_path / name / "model"))[0] for name in ("one", "two")]
+    start = V.load_model_and_tokenizer(tiny["llama"])[0].state_dict()
+    for key, value in models[0].state_dict().items():
+        assert not torch.equal(value, start[key]) or "rotary" in key or "norm" in key, key  # the update moved it
+        assert torch.allclose(value, models[1].state_dict()[key], rtol=1e-4, atol=1e-6), key
+
+
+# ---------------------------------------------------------------- the synthetic arithmetic task
+
+
+def test_arith_task_is_gsm8k_schema_deterministic_and_disjoint(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_arith_task import make_task
+
+    train, test = make_task(str(tmp_path / "a"), 300, 50, seed=3)
+    again, _ = make_task(str(tmp_path / "b"), 300, 50, seed=3)
+    assert Path(train).read_text() == Path(again).read_text()
+    train_rows, test_rows = V.load_jsonl(train), V.load_jsonl(test)
+    assert len(train_rows) == 300 and len(test_rows) == 50
+    assert not {q for q, _ in train_rows} & {q for q, _ in test_rows}
+    for line in Path(train).read_text().splitlines():
+        record = json.loads(line)
+        left, _, right = record["answer"].split("\n")[0].partition(" = ")
+        a, op, b = left.split()
+        assert int(right) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] >= 0
+        assert V.reference_answer(record["answer"]) == int(right) and V.compute_reward(record["answer"], int(right)) == 1

@@ -1,0 +1,227 @@
+"""The forward-lag experiment on a model that learns, on a CPU: PPO-clip vs VACO at K = 1, 2, 4, 8.
+
+1. A synthetic arithmetic task in GSM8k's schema (tools/make_arith_task.py).
+2. A tiny random Llama (character-level tokenizer, tests/fixtures_gsm8k/tiny_setup.py) supervised on the
+   task's rationales until its greedy accuracy on held-out problems reaches --sft-target (partial, so
+   that RL has room to improve it).
+3. GRPO with vaco_gsm8k.py from that checkpoint: each loss at each forward lag K and seed, the same
+   number of optimizer steps (--total-steps) and samples at every K, greedy evaluation every 8 steps.
+
+Writes <out>/setup.json (options, supervised steps and accuracy, seconds), <out>/runs.csv (one row per run: final accuracy, clip or filter fraction, how often VACO is over
+budget, final TV), <out>/curves.csv (evaluation accuracy against optimizer step) and <out>/forward_lag.png.
+
+Usage:
+    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy                # the full grid
+    python tools/gsm8k_proxy_task.py --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
+    python tools/gsm8k_proxy_task.py --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
+"""
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import vaco_gsm8k as V  # noqa: E402
+from make_arith_task import make_task  # noqa: E402
+from tests.fixtures_gsm8k.tiny_setup import make_tokenizer  # noqa: E402
+
+
+def build_model(folder: str, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = make_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config), tokenizer
+
+
+MAX_NEW_TOKENS = 24  # the longest rationale, "9 * 9 = 81\n#### 81", is 18 characters plus the stop token
+
+
+def greedy_accuracy(model, tokenizer, rows, max_new_tokens=MAX_NEW_TOKENS) -> float:
+    from transformers import GenerationConfig
+
+    model.eval()
+    stop = V.stop_token_ids(model, tokenizer)
+    model.generation_config = GenerationConfig(eos_token_id=stop, pad_token_id=tokenizer.pad_token_id)
+    prompts = [V.encode_prompt(tokenizer, question) for question, _ in rows]
+    batch = V.generate(model, prompts, GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens), stop, 0, "cpu")
+    texts = V.decode_completions(tokenizer, batch)
+    return float(np.mean([V.is_correct(text, reference) for text, (_, reference) in zip(texts, rows)]))
+
+
+def supervise(folder: str, train_file: str, test_file: str, target: float, max_steps: int, seed: int) -> dict:
+    """Teacher-forced training on the rationales until held-out greedy accuracy >= target; saves the model."""
+    model, tokenizer = build_model(folder, seed)
+    with open(train_file) as handle:
+        records = [json.loads(line) for line in handle]
+    held_out = V.load_jsonl(test_file)[:100]
+    examples = []
+    for record in records:
+        prompt = V.encode_prompt(tokenizer, record["question"])
+        completion = tokenizer(record["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        examples.append((prompt, completion))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    rng = np.random.default_rng(seed)
+    accuracy, step = 0.0, 0
+    while step < max_steps:
+        model.train()
+        chosen = [examples[i] for i in rng.choice(len(examples), 32, replace=False)]
+        width = max(len(p) + len(c) for p, c in chosen)
+        ids = torch.full((32, width), tokenizer.pad_token_id)
+        labels = torch.full((32, width), -100)
+        mask = torch.zeros((32, width), dtype=torch.long)
+        for row, (prompt, completion) in enumerate(chosen):
+            sequence = prompt + completion
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+            labels[row, len(prompt) : len(sequence)] = torch.tensor(completion)
+            mask[row, : len(sequence)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % 50 == 0:
+            accuracy = greedy_accuracy(model, tokenizer, held_out)
+            print(f"sft step {step}: loss {loss.item():.3f} held-out accuracy {accuracy:.2f}", flush=True)
+            if accuracy >= target:
+                break
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return {"sft_steps": step, "sft_accuracy": accuracy}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--losses", nargs="+", default=["ppo-clip", "vaco"])
+    parser.add_argument("--lags", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--total-steps", type=int, default=32, help="optimizer steps per run (a multiple of every K)")
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--sft-target", type=float, default=0.25)
+    parser.add_argument("--sft-max-steps", type=int, default=3000)
+    parser.add_argument("--work", help="folder for data, models and run folders (default: a temporary one, removed)")
+    options = parser.parse_args()
+    if any(options.total_steps % k for k in options.lags):
+        parser.error("--total-steps must be a multiple of every lag")
+    torch.set_num_threads(1)
+    os.makedirs(options.out, exist_ok=True)
+    work = options.work or tempfile.mkdtemp(prefix="gsm8k_proxy_")
+    train_file, test_file = make_task(os.path.join(work, "data"), 4000, 200, seed=0)
+    model_dir = os.path.join(work, "sft_model")
+    start = time.time()
+    if os.path.isfile(os.path.join(model_dir, "sft.json")):  # deterministic: a rerun into the same --out reuses it
+        with open(os.path.join(model_dir, "sft.json")) as handle:
+            sft = json.load(handle)
+    else:
+        sft = supervise(model_dir, train_file, test_file, options.sft_target, options.sft_max_steps, seed=0)
+        with open(os.path.join(model_dir, "sft.json"), "w") as handle:
+            json.dump(sft, handle)
+    print(f"supervised model: {sft} ({time.time() - start:.0f} s)", flush=True)
+
+    runs, curves = [], []
+    for loss in options.losses:
+        for k in options.lags:
+            for seed in options.seeds:
+                args = V.Args(
+                    model_id=model_dir, data_file=train_file, eval_data_file=test_file,
+                    run_dir=os.path.join(work, "runs", f"{loss}_K{k}_s{seed}"), overwrite=True, checkpoint_every=0,
+                    loss=loss, forward_lag=k, total_steps=options.total_steps, seed=seed, prompts_per_step=8,
+                    num_generations=8, micro_batch_size=64, max_new_tokens=MAX_NEW_TOKENS, learning_rate=options.learning_rate,
+                    eval_every=max(1, 8 // k), eval_size=200, torch_threads=1,
+                )  # fmt: skip
+                history = V.train(args)
+                key = "clip_fraction" if loss == "ppo-clip" else "filter_fraction"
+                steps = history["steps"]
+                over = [s["over_budget"] for s in steps] if loss == "vaco" else []
+                when_over = [s["filter_fraction"] for s in steps if s.get("over_budget")]
+                runs.append(
+                    {
+                        "loss": loss, "K": k, "seed": seed,
+                        "accuracy_start": history["evals"][0]["accuracy"],
+                        "accuracy_end": history["evals"][-1]["accuracy"],
+                        "dropped_fraction": np.mean([s[key] for s in steps]),
+                        "over_budget_fraction": np.mean(over) if over else "",
+                        "filter_fraction_when_over": np.mean(when_over) if when_over else "",
+                        "tv_final": np.mean([r["tv_final"] for r in history["iterations"]]),
+                        "reward_end": history["iterations"][-1]["reward"],
+                    }
+                )  # fmt: skip
+                curves += [{"loss": loss, "K": k, "seed": seed, **e} for e in history["evals"]]
+                print(f"done {loss} K={k} seed={seed}: {runs[-1]} ({time.time() - start:.0f} s)", flush=True)
+
+    for name, rows in [("runs.csv", runs), ("curves.csv", curves)]:
+        with open(os.path.join(options.out, name), "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    plot(options, runs, curves, sft)
+    with open(os.path.join(options.out, "setup.json"), "w") as handle:
+        settings = {k: v for k, v in vars(options).items() if k not in ("out", "work")}
+        json.dump({**settings, **sft, "seconds": round(time.time() - start)}, handle, indent=2)
+    if not options.work:
+        shutil.rmtree(work)
+    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
+
+
+def plot(options, runs, curves, sft):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for loss, style in [("ppo-clip", "--"), ("vaco", "-")]:
+        for k in options.lags:
+            rows = [c for c in curves if c["loss"] == loss and c["K"] == k]
+            if not rows:
+                continue
+            steps = sorted({c["step"] for c in rows})
+            means = [np.mean([c["accuracy"] for c in rows if c["step"] == s]) for s in steps]
+            axes[0].plot(steps, means, style, label=f"{loss} K={k}")
+        chosen = [r for r in runs if r["loss"] == loss]
+        lags = [k for k in options.lags if any(r["K"] == k for r in chosen)]
+        dropped = [np.mean([r["dropped_fraction"] for r in chosen if r["K"] == k]) for k in lags]
+        tv = [np.mean([r["tv_final"] for r in chosen if r["K"] == k]) for k in lags]
+        name = "clip fraction (PPO-clip)" if loss == "ppo-clip" else "filter fraction (VACO)"
+        axes[1].plot(lags, dropped, style + "o", label=name)
+        axes[2].plot(lags, tv, style + "o", label=loss)
+    axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title=f"SFT start {sft['sft_accuracy']:.2f}")
+    axes[1].set(xlabel="forward lag K", ylabel="fraction of tokens", xscale="log", title="clipped vs filtered")
+    axes[2].set(xlabel="forward lag K", ylabel="TV after the update", xscale="log", title="final TV")
+    for axis in axes[1:]:
+        axis.set_xticks(options.lags, [str(k) for k in options.lags])
+        axis.minorticks_off()
+    for axis in axes:
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(os.path.join(options.out, "forward_lag.png"), dpi=100)
+
+
+if __name__ == "__main__":
+    main()
