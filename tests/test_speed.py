@@ -36,3 +36,40 @@ def test_tiny_run_logs_the_pinned_numbers(script, tmp_path):
     scalars = read_scalars(tmp_path)
     for tag, expected in PINNED[script].items():
         assert [v for _, v in scalars[tag]] == expected, tag
+
+
+@pytest.mark.parametrize("num_envs", [1, 8, 500])
+def test_scale_rewards_is_the_step_by_step_arithmetic(num_envs):
+    import numpy as np
+    import torch
+
+    import ppo_mujoco as ppo
+
+    rng = np.random.default_rng(num_envs)
+    rewards = rng.normal(1.0, 3.0, (50, num_envs)).astype(np.float32)
+    dones = (rng.random((50, num_envs)) < 0.1).astype(np.float32)
+    # The reference: CleanRL's NormalizeReward as the scripts did it before, one return_rms.update per step.
+    rms, ret, expected = ppo.RunningMeanStd(), torch.full((num_envs,), 0.5), []
+    for t in range(50):
+        ret = ret * 0.99 + torch.from_numpy(rewards[t])
+        rms.update(ret)
+        expected.append((torch.from_numpy(rewards[t]) / torch.sqrt(rms.var.float() + 1e-8)).clamp(-10.0, 10.0))
+        ret = ret * (1.0 - torch.from_numpy(dones[t]))
+    got_rms, start = ppo.RunningMeanStd(), np.full(num_envs, 0.5, dtype=np.float32)
+    scaled, carried = ppo.scale_rewards(rewards, dones, start, got_rms, 0.99)
+    assert torch.equal(scaled, torch.stack(expected))
+    assert np.array_equal(carried, ret.numpy())
+    for name in ("mean", "var", "count"):
+        assert torch.equal(getattr(got_rms, name), getattr(rms, name)), name
+
+
+def test_scale_rewards_is_identical_across_scripts():
+    import ast
+
+    from conftest import MUJOCO_SCRIPTS, ROOT
+
+    def source(script):
+        text = (ROOT / f"{script}.py").read_text()
+        return next(ast.get_source_segment(text, n) for n in ast.parse(text).body if getattr(n, "name", "") == "scale_rewards")
+
+    assert len({source(s) for s in MUJOCO_SCRIPTS}) == 1
