@@ -1,8 +1,12 @@
-"""The speed work keeps the arithmetic: a tiny run logs exactly the numbers it logged before it."""
+"""The speed work keeps the arithmetic (pinned tiny runs, reward scaling per rollout) and its SB3 comparison runs."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import TINY, existing_scripts, read_scalars, run_script
+from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_script
 
 # Logged by each script (TINY, --lag 1, seed 1) before the rollout and update were made faster; every change
 # since kept the arithmetic, so the values must match to the last bit (same machine type, one torch thread).
@@ -73,3 +77,34 @@ def test_scale_rewards_is_identical_across_scripts():
         return next(ast.get_source_segment(text, n) for n in ast.parse(text).body if getattr(n, "name", "") == "scale_rewards")
 
     assert len({source(s) for s in MUJOCO_SCRIPTS}) == 1
+
+
+@pytest.mark.skipif(not os.environ.get("SB3_PYTHON"), reason="set SB3_PYTHON to a Python with stable_baselines3")
+def test_compare_sb3_prints_the_ratio():
+    proc = subprocess.run(
+        [sys.executable, "tools/compare_sb3.py", "--sb3-python", os.environ["SB3_PYTHON"], "--total-timesteps", "2048"]
+        + ["--repeats", "1"],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    for name in ("ppo_mujoco.py", "Stable-Baselines3 PPO"):
+        assert float(rows[name].split("|")[2].replace(",", "")) > 0
+        assert rows[name].split("|")[4].strip() != "n/a"  # both report returns of finished episodes
+    assert "ppo_mujoco.py / SB3:" in proc.stdout
+
+
+def test_compare_sb3_needs_a_python_with_sb3():
+    proc = subprocess.run(
+        [sys.executable, "tools/compare_sb3.py", "--sb3-python", sys.executable, "--total-timesteps", "2048"],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "cannot import stable_baselines3" in proc.stderr
