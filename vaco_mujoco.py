@@ -511,11 +511,11 @@ if __name__ == "__main__":
     discounted_return = np.zeros(args.num_envs, dtype=np.float32)
 
     # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
-    # What the envs return is stored in numpy and goes to torch once per rollout.
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     action_means = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # What the envs return is collected in numpy and goes to torch once per rollout.
     env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
     env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
 
