@@ -7,7 +7,8 @@ no entropy bonus, value coefficient 0.5, gradient norm 0.5, observation and rewa
 SB3 is a peer, not a dependency: it runs from another Python environment (--sb3-python), e.g.
 `python3 -m venv sb3 && sb3/bin/pip install stable-baselines3 "gymnasium[mujoco]"`.
 
-Both report steps per second over training alone (rollouts and updates; not start-up), one torch thread each.
+Both report steps per second over training alone (rollouts and updates; not start-up), one torch thread each, by
+wall clock and per CPU-second (which a busy shared machine distorts far less).
 Runs alternate between the two, so that drift on a shared machine hits both alike; the table gives the medians
 and the ratio per pair. The mean return of the last episodes is printed too (a few seeds of 200k steps are
 needed to compare learning; this is a smoke check).
@@ -18,6 +19,7 @@ Usage: python tools/compare_sb3.py --sb3-python sb3/bin/python --total-timesteps
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,36 +46,56 @@ model = PPO(
     policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh, log_std_init=0.0,
                        ortho_init=True),
 )
-start = time.perf_counter()
+start, cpu_start = time.perf_counter(), time.process_time()
 model.learn(total_timesteps)
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
 returns = [info["r"] for info in model.ep_info_buffer]
-print(json.dumps({"sps": model.num_timesteps / seconds, "last_returns": returns[-10:]}))
+print(json.dumps({"sps": model.num_timesteps / seconds, "steps": model.num_timesteps, "cpu_seconds": cpu,
+                  "last_returns": returns[-10:]}))
 """
 
 
 def run_ours(python, env_id, total_timesteps, seed):
+    """ppo_mujoco.py's SPS over rollouts and updates, by wall clock and per CPU-second: the process's CPU time
+    less that of a one-rollout run (start-up, env construction), over the steps of the other rollouts."""
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [python, str(ROOT / "ppo_mujoco.py"), "--env-id", env_id, "--num-envs", "1", "--num-steps", "2048"]
-        cmd += ["--total-timesteps", str(total_timesteps), "--seed", str(seed), "--eval-episodes", "0", "--run-dir", run_dir]
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(f"error: ppo_mujoco.py failed:\n{proc.stderr[-2000:]}")
-        summary = json.loads(Path(run_dir, "summary.json").read_text())
+        cmd += ["--seed", str(seed), "--eval-episodes", "0", "--run-dir", run_dir, "--total-timesteps"]
+        cpu = []
+        for steps in (total_timesteps, 2048):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run(cmd + [str(steps)], cwd=ROOT, env=env, capture_output=True, text=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if proc.returncode:
+                raise SystemExit(f"error: ppo_mujoco.py failed:\n{proc.stderr[-2000:]}")
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            if steps == total_timesteps:
+                summary = json.loads(Path(run_dir, "summary.json").read_text())
+    steps = summary["global_step"]
     return {
-        "sps": summary["global_step"] / (summary["rollout_seconds"] + summary["update_seconds"]),
+        "sps": steps / (summary["rollout_seconds"] + summary["update_seconds"]),
+        "cpu_sps": (steps - 2048) / max(cpu[0] - cpu[1], 1e-9) if steps > 2048 else None,
         "final_return": summary["final_return"],
     }
 
 
 def run_sb3(python, env_id, total_timesteps, seed):
-    cmd = [python, "-c", SB3_PROGRAM, env_id, str(total_timesteps), str(seed)]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"error: Stable-Baselines3 run failed:\n{proc.stderr[-2000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    returns = result.pop("last_returns")
-    return {**result, "final_return": sum(returns) / len(returns) if returns else None}
+    """SB3's SPS in model.learn, by wall clock and per CPU-second (less a one-rollout run's, as for ours)."""
+    results = []
+    for steps in (total_timesteps, 2048):
+        cmd = [python, "-c", SB3_PROGRAM, env_id, str(steps), str(seed)]
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"error: Stable-Baselines3 run failed:\n{proc.stderr[-2000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    (full, one), returns = results, results[0]["last_returns"]
+    cpu_delta = full["cpu_seconds"] - one["cpu_seconds"]
+    return {
+        "sps": full["sps"],
+        "cpu_sps": (full["steps"] - one["steps"]) / max(cpu_delta, 1e-9) if full["steps"] > one["steps"] else None,
+        "final_return": sum(returns) / len(returns) if returns else None,
+    }
 
 
 def main():
@@ -95,22 +117,28 @@ def main():
         ours.append(run_ours(args.python, args.env_id, args.total_timesteps, seed))
         sb3.append(run_sb3(args.sb3_python, args.env_id, args.total_timesteps, seed))
         print(f"seed {seed}: ppo_mujoco {ours[-1]['sps']:,.0f} SPS, SB3 {sb3[-1]['sps']:,.0f} SPS", flush=True)
+    with_cpu = all(r["cpu_sps"] for r in ours + sb3)
 
     def row(name, runs):
         returns = [r["final_return"] for r in runs if r["final_return"] is not None]
         mean_return = f"{statistics.mean(returns):.1f}" if returns else "n/a"
         sps = statistics.median(r["sps"] for r in runs)
+        cpu_sps = statistics.median(r["cpu_sps"] for r in runs) if with_cpu else None
         per_run = ", ".join(f"{r['sps']:,.0f}" for r in runs)
-        return f"| {name} | {sps:,.0f} | {per_run} | {mean_return} |", sps
+        cpu = f"{cpu_sps:,.0f}" if with_cpu else "n/a"
+        return f"| {name} | {sps:,.0f} | {per_run} | {cpu} | {mean_return} |", sps, cpu_sps
 
     print(f"\n{args.env_id}, 1 env x 2048 steps, {args.total_timesteps:,} steps per run, {os.cpu_count()} cores")
-    print("| what | median SPS | SPS per run | mean final return |\n|---|---:|---|---:|")
-    line, ours_sps = row("ppo_mujoco.py", ours)
+    print("| what | median SPS | SPS per run | median SPS per CPU-second | mean final return |\n|---|---:|---|---:|---:|")
+    line, ours_sps, ours_cpu = row("ppo_mujoco.py", ours)
     print(line)
-    line, sb3_sps = row("Stable-Baselines3 PPO", sb3)
+    line, sb3_sps, sb3_cpu = row("Stable-Baselines3 PPO", sb3)
     print(line)
     pairs = ", ".join(f"{o['sps'] / s['sps']:.2f}" for o, s in zip(ours, sb3))
     print(f"\nppo_mujoco.py / SB3: {ours_sps / sb3_sps:.2f}x (medians; per pair: {pairs})")
+    if with_cpu:
+        pairs = ", ".join(f"{o['cpu_sps'] / s['cpu_sps']:.2f}" for o, s in zip(ours, sb3))
+        print(f"ppo_mujoco.py / SB3 per CPU-second: {ours_cpu / sb3_cpu:.2f}x (medians; per pair: {pairs})")
 
 
 if __name__ == "__main__":
