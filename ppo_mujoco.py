@@ -458,13 +458,32 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
     """GAE(lambda) over a (num_steps, num_envs) batch. `next_values[t]` is V(s'_t), the value of the observation
     that followed step t (the true final one where the episode ended). Termination zeroes the bootstrap;
     any episode end (termination or truncation) cuts the trace (docs/method.md §3)."""
-    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        lastgaelam = deltas[t] + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+    deltas = (rewards + gamma * (1.0 - terminations) * next_values - values).cpu().numpy()
+    coefs = (gamma * gae_lambda * (1.0 - dones)).cpu().numpy()  # the loop runs in numpy: same arithmetic, less overhead
+    advantages, lastgaelam = np.zeros_like(deltas), np.zeros_like(deltas[0])
+    for t in reversed(range(len(deltas))):
+        lastgaelam = deltas[t] + coefs[t] * lastgaelam
         advantages[t] = lastgaelam
+    advantages = torch.as_tensor(advantages, device=values.device)
     return advantages, advantages + values
+
+
+def scale_rewards(rewards, dones, discounted_return, return_rms, gamma):
+    """CleanRL's NormalizeReward over a (num_steps, num_envs) rollout: divide each step's rewards by the std of the
+    discounted return up to that step. The arithmetic of return_rms.update at every step, in Python floats."""
+    mean, var, count = return_rms.mean.item(), return_rms.var.item(), return_rms.count.item()
+    variances = []
+    for reward, done in zip(rewards, dones):
+        discounted_return = discounted_return * gamma + reward
+        x = torch.from_numpy(discounted_return).double()
+        delta, n, total = x.mean(0).item() - mean, len(x), count + len(x)
+        var = (var * count + x.var(0, unbiased=False).item() * n + delta * delta * count * n / total) / total
+        mean, count = mean + delta * n / total, total
+        variances.append(var)
+        discounted_return = discounted_return * (1.0 - done)
+    return_rms.mean.fill_(mean), return_rms.var.fill_(var), return_rms.count.fill_(count)
+    std = torch.sqrt(torch.tensor(variances, dtype=torch.float64).float() + 1e-8)
+    return (torch.from_numpy(rewards) / std[:, None]).clamp(-10.0, 10.0), discounted_return
 
 
 def policy_loss(ratio, advantages, clip_coef):
@@ -578,16 +597,16 @@ if __name__ == "__main__":
     policy_buffer = deque(maxlen=args.lag + 1)
     # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
     return_rms = RunningMeanStd().to(device)
-    discounted_return = torch.zeros(args.num_envs, device=device)
+    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
 
     # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    next_obs_buf = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
+    action_means = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # What the envs return is collected in numpy and goes to torch once per rollout.
+    env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+    env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
 
     global_step = iteration = 0
     start_time = time.time()
@@ -603,9 +622,9 @@ if __name__ == "__main__":
         load_checkpoint(checkpoint, agent, optimizer, policy_buffer, return_rms, rng)
         if checkpoint["envs"] is not None:  # gymnasium: the episodes in progress continue where they were
             envs.set_state(checkpoint["envs"])
-            next_obs, discounted_return, episodic_return, episodic_length = checkpoint["episodes"]
-            next_obs, discounted_return = next_obs.to(device), discounted_return.to(device)
-            episodic_return, episodic_length = episodic_return.numpy(), episodic_length.numpy()
+            next_obs, *episodes = checkpoint["episodes"]
+            next_obs = next_obs.to(device)
+            discounted_return, episodic_return, episodic_length = (x.numpy() for x in episodes)
 
     for iteration in range(iteration + 1, args.num_iterations + 1):
         # Annealing the rate if instructed to do so.
@@ -621,6 +640,8 @@ if __name__ == "__main__":
             (policy_buffer[-1 - k], torch.as_tensor(np.flatnonzero(staleness == k), device=device))
             for k in np.unique(staleness)
         ]
+        if len(actor_groups) == 1:  # one policy for all actors: a slice is cheaper than an index list
+            actor_groups = [(actor_groups[0][0], slice(None))]
 
         rollout_start = time.time()
         finished_returns, finished_lengths = [], []
@@ -628,16 +649,16 @@ if __name__ == "__main__":
             global_step += args.num_envs
             obs[step] = next_obs
 
-            # ALGO LOGIC: action logic, with the policy each actor drew; log beta(a|s) is the acting policy's.
-            with torch.no_grad():
+            # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
+            with torch.inference_mode():
                 for actor, env_idx in actor_groups:
                     dist = actor.get_dist(next_obs[env_idx])
-                    action = dist.sample()
-                    actions[step, env_idx] = action
-                    logprobs[step, env_idx] = dist.log_prob(action).sum(1)
+                    action_means[step, env_idx] = dist.loc
+                    # The arithmetic and random stream of dist.sample(), without its overhead.
+                    actions[step, env_idx] = dist.loc + dist.scale * torch.randn_like(dist.loc)
 
             # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
-            next_obs_np, reward, terminated, truncated, final_obs = envs.step(
+            next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
                 np.clip(actions[step].cpu().numpy(), action_low, action_high)
             )
             done = np.logical_or(terminated, truncated)
@@ -649,16 +670,17 @@ if __name__ == "__main__":
                 episodic_return[done] = 0.0
                 episodic_length[done] = 0
 
-            reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            done_t = torch.as_tensor(done, dtype=torch.float32, device=device)
-            discounted_return = discounted_return * args.gamma + reward_t
-            return_rms.update(discounted_return)
-            rewards[step] = (reward_t / torch.sqrt(return_rms.var.float() + 1e-8)).clamp(-10.0, 10.0)
-            discounted_return = discounted_return * (1.0 - done_t)
-            terminations[step] = torch.as_tensor(terminated, dtype=torch.float32, device=device)
-            dones[step] = done_t
-            next_obs_buf[step] = torch.as_tensor(final_obs, dtype=torch.float32, device=device)
+            env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
             next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+
+        # log beta(a|s) of each actor's policy, and reward scaling: once per rollout, same arithmetic as per step.
+        for actor, env_idx in actor_groups:
+            dist = Normal(action_means[:, env_idx], actor.actor_logstd.exp())
+            logprobs[:, env_idx] = dist.log_prob(actions[:, env_idx]).sum(-1)
+        rewards, discounted_return = scale_rewards(env_rewards, env_dones, discounted_return, return_rms, args.gamma)
+        rewards, next_obs_buf, terminations, dones = (
+            torch.as_tensor(x, device=device) for x in (rewards, env_next_obs, env_terminations, env_dones)
+        )
         rollout_seconds += time.time() - rollout_start
         update_start = time.time()
 
@@ -758,7 +780,7 @@ if __name__ == "__main__":
             f"[{iteration}/{args.num_iterations}] step {global_step:,} | SPS {sps:,} | return {last_return:.1f} | final TV {final_tv:.3f}"
         )
         if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            episodes = (next_obs, discounted_return, torch.from_numpy(episodic_return), torch.from_numpy(episodic_length))
+            episodes = (next_obs, *map(torch.from_numpy, (discounted_return, episodic_return, episodic_length)))
             progress = (
                 global_step,
                 iteration,

@@ -1,4 +1,4 @@
-"""tools/benchmark.py: a tiny run prints one table with every row it promises."""
+"""tools/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
 
 import subprocess
 import sys
@@ -28,6 +28,8 @@ def test_benchmark_prints_the_table():
             "vaco_mujoco",
             "--lags",
             "0",
+            "--baseline-rev",
+            "HEAD",
         ],
         cwd=ROOT,
         env=SUBPROCESS_ENV,
@@ -43,8 +45,13 @@ def test_benchmark_prints_the_table():
         "env only: gymnasium",
         "env only: envpool",
         "train ppo_mujoco lag 0 (gymnasium)",
+        "train ppo_mujoco lag 0 (gymnasium) at HEAD",
         "train vaco_mujoco lag 0 (gymnasium)",
+        "train vaco_mujoco lag 0 (gymnasium) at HEAD",
     ]
     for row in rows:
         assert float(row.split("|")[2].replace(",", "")) > 0
-    assert "1.00x PPO" in rows[3] and "x PPO" in rows[4] and "rollout" in rows[4]
+    assert "1.00x PPO" in rows[3] and "x PPO" in rows[5] and "rollout" in rows[5]
+    assert "current is" in rows[4] and "current is" in rows[6]
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "baseline" not in worktrees  # the temporary worktree is gone

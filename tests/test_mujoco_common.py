@@ -181,6 +181,7 @@ def test_common_code_is_identical_across_scripts():
         "stop_on_signals",
         "save_checkpoint",
         "load_checkpoint",
+        "scale_rewards",
     }
     sources = {}
     for script in MUJOCO_SCRIPTS:

@@ -5,13 +5,17 @@ For one task and rollout shape it measures, in env-steps per second:
   wrapper classes the scripts use (same-step autoreset included);
 - physics limit: `mujoco.rollout` on the task's model with one thread per core, open loop, counted in
   env-steps (physics steps / the task's frame skip): no Python, no policy, no resets;
-- training: each script at lag 0 and lag 8 for a few iterations, split into rollout and update time.
-Absolute numbers on a shared machine drift by +-30%; read the fractions and the ratios.
+- training: each script at lag 0 and lag 8 for a few iterations, split into rollout and update time;
+- with --baseline-rev REV: the same training runs of the scripts at git revision REV (checked out into a
+  temporary worktree), interleaved with the current ones, and the speed-up of the current tree over REV.
+Training SPS counts rollout and update time (not start-up). Absolute numbers on a shared machine drift by +-30%;
+read the fractions and the ratios, and take the median of several --repeats.
 
-Usage: python tools/benchmark.py --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8
+Usage: python tools/benchmark.py --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8 --baseline-rev main
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -72,11 +76,25 @@ def physics_limit_sps(env_id, num_envs, steps, threads):
     return num_envs * steps / elapsed
 
 
-def training(script, env_id, backend, num_envs, num_steps, iterations, lag):
+@contextlib.contextmanager
+def checkout(rev):
+    """The repository at git revision `rev`, checked out into a temporary worktree that is removed afterwards."""
+    with tempfile.TemporaryDirectory() as parent:
+        path = Path(parent, "baseline")
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True, capture_output=True
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+
+
+def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root=ROOT):
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [
             sys.executable,
-            str(ROOT / f"{script}.py"),
+            str(root / f"{script}.py"),
             "--env-id",
             env_id,
             "--env-backend",
@@ -95,12 +113,17 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag):
             run_dir,
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"{script} failed:\n{proc.stderr[-2000:]}")
         summary = json.loads(Path(run_dir, "summary.json").read_text())
     steps = summary["global_step"]
     return steps / (summary["rollout_seconds"] + summary["update_seconds"]), summary
+
+
+def median_run(runs):
+    """The run with the median SPS (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]
 
 
 def main():
@@ -114,26 +137,55 @@ def main():
     parser.add_argument("--backend", default="gymnasium", choices=["gymnasium", "envpool"], help="backend for training")
     parser.add_argument("--scripts", nargs="+", default=["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"])
     parser.add_argument("--lags", nargs="+", type=int, default=[0, 8])
+    parser.add_argument("--baseline-rev", help="also train the scripts at this git revision, interleaved, for a speed-up")
+    parser.add_argument("--repeats", type=int, default=1, help="training runs per row (interleaved); the median is shown")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be positive")
+    with checkout(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext() as baseline:
+        run(args, baseline)
 
+
+def run(args, baseline):
+    """Measure every row and print the table; `baseline` is the checked-out --baseline-rev or None."""
     steps = max(1, args.env_steps // max(1, args.num_envs // 8))  # keep the env-only runs to a few seconds
     limit = physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)
+    # gymnasium's SyncVectorEnv steps on one core: its ceiling is the one-thread limit.
+    one_core = limit if args.threads == 1 else physics_limit_sps(args.env_id, args.num_envs, steps, 1)
     rows = [("physics limit (mujoco.rollout, %d threads)" % args.threads, limit, "", "")]
+    if args.threads > 1:
+        rows.append(("physics limit (mujoco.rollout, 1 thread)", one_core, "", ""))
     for backend in ("gymnasium", "envpool"):
         rows.append((f"env only: {backend}", env_only_sps(backend, args.env_id, args.num_envs, steps, args.threads), "", ""))
+    shape = (args.env_id, args.backend, args.num_envs, args.num_steps, args.iterations)
     ppo_sps = {}
     for lag in args.lags:
         for script in args.scripts:
-            sps, s = training(script, args.env_id, args.backend, args.num_envs, args.num_steps, args.iterations, lag)
+            runs, baseline_runs = [], []
+            for _ in range(args.repeats):  # current and baseline alternate, so that drift hits both alike
+                runs.append(training(script, *shape, lag))
+                if baseline is not None:
+                    baseline_runs.append(training(script, *shape, lag, root=baseline))
+            sps, s = median_run(runs)
             ppo_sps.setdefault(lag, sps) if script == "ppo_mujoco" else None
             ratio = f"{sps / ppo_sps[lag]:.2f}x PPO" if lag in ppo_sps else ""
             split = f"rollout {s['rollout_seconds']:.1f}s / update {s['update_seconds']:.1f}s"
             rows.append((f"train {script} lag {lag} ({args.backend})", sps, split, ratio))
+            if baseline is not None:
+                base_sps, b = median_run(baseline_runs)
+                split = f"rollout {b['rollout_seconds']:.1f}s / update {b['update_seconds']:.1f}s"
+                speedup = f"current is {sps / base_sps:.2f}x" + (
+                    f" (per run: {', '.join(f'{r[0] / q[0]:.2f}' for r, q in zip(runs, baseline_runs))})"
+                    if args.repeats > 1
+                    else ""
+                )
+                rows.append((f"train {script} lag {lag} ({args.backend}) at {args.baseline_rev}", base_sps, split, speedup))
 
     print(f"\n{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores")
-    print("| what | env-steps/s | of physics limit | time split | vs PPO |\n|---|---:|---:|---|---|")
+    print("| what | env-steps/s | of physics limit | of 1-thread limit | time split | vs PPO |")
+    print("|---|---:|---:|---:|---|---|")
     for name, sps, split, ratio in rows:
-        print(f"| {name} | {sps:,.0f} | {sps / limit:.2f} | {split} | {ratio} |")
+        print(f"| {name} | {sps:,.0f} | {sps / limit:.2f} | {sps / one_core:.2f} | {split} | {ratio} |")
 
 
 if __name__ == "__main__":

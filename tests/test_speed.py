@@ -1,0 +1,98 @@
+"""The speed work keeps the arithmetic (pinned tiny runs, reward scaling per rollout) and its SB3 comparison runs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_script
+
+# Logged by each script (TINY, --lag 1, seed 1) before the rollout and update were made faster; every change
+# since kept the arithmetic, so the values must match to the last bit (same machine type, one torch thread).
+PINNED = {
+    "ppo_mujoco": {
+        "charts/episodic_return": [14.278326034545898, 21.73508644104004],
+        "losses/value_loss": [4.506672382354736, 0.27058231830596924],
+        "losses/policy_loss": [-0.007953165099024773, 0.0020011086016893387],
+    },
+    "vaco_mujoco": {
+        "charts/episodic_return": [14.278326034545898, 21.73508644104004],
+        "losses/value_loss": [4.506672382354736, 0.2620490789413452],
+        "losses/policy_loss": [-0.007953159511089325, 0.001793455332517624],
+    },
+    "spo_mujoco": {
+        "charts/episodic_return": [14.278326034545898, 21.730436325073242],
+        "losses/value_loss": [4.50659704208374, 0.27106475830078125],
+        "losses/policy_loss": [-0.005930224433541298, 0.002589806914329529],
+    },
+    "impala_mujoco": {
+        "charts/episodic_return": [14.278326034545898, 21.744638442993164],
+        "losses/value_loss": [7.355711460113525, 0.4594293534755707],
+        "losses/policy_loss": [0.0804489478468895, -0.28501245379447937],
+    },
+}
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_tiny_run_logs_the_pinned_numbers(script, tmp_path):
+    run_script(script, *TINY, "--lag", "1", "--run-dir", tmp_path)
+    scalars = read_scalars(tmp_path)
+    for tag, expected in PINNED[script].items():
+        assert [v for _, v in scalars[tag]] == expected, tag
+
+
+@pytest.mark.parametrize("num_envs", [1, 8, 500])
+def test_scale_rewards_is_the_step_by_step_arithmetic(num_envs):
+    import numpy as np
+    import torch
+
+    import ppo_mujoco as ppo
+
+    rng = np.random.default_rng(num_envs)
+    rewards = rng.normal(1.0, 3.0, (50, num_envs)).astype(np.float32)
+    dones = (rng.random((50, num_envs)) < 0.1).astype(np.float32)
+    # The reference: CleanRL's NormalizeReward as the scripts did it before, one return_rms.update per step.
+    rms, ret, expected = ppo.RunningMeanStd(), torch.full((num_envs,), 0.5), []
+    for t in range(50):
+        ret = ret * 0.99 + torch.from_numpy(rewards[t])
+        rms.update(ret)
+        expected.append((torch.from_numpy(rewards[t]) / torch.sqrt(rms.var.float() + 1e-8)).clamp(-10.0, 10.0))
+        ret = ret * (1.0 - torch.from_numpy(dones[t]))
+    got_rms, start = ppo.RunningMeanStd(), np.full(num_envs, 0.5, dtype=np.float32)
+    scaled, carried = ppo.scale_rewards(rewards, dones, start, got_rms, 0.99)
+    assert torch.equal(scaled, torch.stack(expected))
+    assert np.array_equal(carried, ret.numpy())
+    for name in ("mean", "var", "count"):
+        assert torch.equal(getattr(got_rms, name), getattr(rms, name)), name
+
+
+@pytest.mark.skipif(not os.environ.get("SB3_PYTHON"), reason="set SB3_PYTHON to a Python with stable_baselines3")
+def test_compare_sb3_prints_the_ratio():
+    proc = subprocess.run(
+        [sys.executable, "tools/compare_sb3.py", "--sb3-python", os.environ["SB3_PYTHON"], "--total-timesteps", "2048"]
+        + ["--repeats", "1"],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    for name in ("ppo_mujoco.py", "Stable-Baselines3 PPO"):
+        assert float(rows[name].split("|")[2].replace(",", "")) > 0
+        assert rows[name].split("|")[4].strip() != "n/a"  # both report returns of finished episodes
+    assert "ppo_mujoco.py / SB3:" in proc.stdout
+
+
+def test_compare_sb3_needs_a_python_with_sb3():
+    proc = subprocess.run(
+        [sys.executable, "tools/compare_sb3.py", "--sb3-python", sys.executable, "--total-timesteps", "2048"],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "cannot import stable_baselines3" in proc.stderr
