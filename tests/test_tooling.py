@@ -377,7 +377,7 @@ def test_run_grid_signal_leaves_no_process(tmp_path, sig):
     assert not any(run_grid.is_finished(d) for d in out.iterdir())
 
 
-def test_tiers():
+def test_tiers(tmp_path):
     def runs(*argv):
         return run_grid.build_runs(run_grid.parse_args(list(argv)))
 
@@ -408,7 +408,9 @@ def test_tiers():
     assert [r.run_dir.parent.name for r in every[:24]] == ["tier1"] * 12 + ["tier2"] * 4 + ["tier3"] * 8
     assert len(runs("--tier", "1", "--seeds", "1", "2")) == 24
     for r in (t1[0], t1[1], t2[0], t3[0], t3[1]):  # the real scripts accept every tier's command line
-        args = script_module(Path(r.cmd[1]).name).parse_args(r.cmd[2:])
+        # The run folder goes to tmp_path: the checkout's own runs/ may hold a run of the grid.
+        argv = [str(tmp_path / r.run_dir.name) if a == str(r.run_dir) else a for a in r.cmd[2:]]
+        args = script_module(Path(r.cmd[1]).name).parse_args(argv)
         assert (args.num_envs, args.num_steps, args.eval_episodes, args.lag_mode) == (8, 256, 10, "uniform")
         assert (args.total_timesteps, args.exp_name, args.lag) == (500_000, r.variant.label, r.lag)
     for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "4"]):
