@@ -35,29 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
 from make_arith_task import make_task  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import make_tokenizer  # noqa: E402
-
-
-def build_model(folder: str, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = make_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config), tokenizer
-
+from tests.fixtures_gsm8k.tiny_setup import tiny_model  # noqa: E402
 
 MAX_NEW_TOKENS = 24  # the longest rationale, "9 * 9 = 81\n#### 81", is 18 characters plus the stop token
 
@@ -76,7 +54,11 @@ def greedy_accuracy(model, tokenizer, rows, max_new_tokens=MAX_NEW_TOKENS) -> fl
 
 def supervise(folder: str, train_file: str, test_file: str, target: float, max_steps: int, seed: int) -> dict:
     """Teacher-forced training on the rationales until held-out greedy accuracy >= target; saves the model."""
-    model, tokenizer = build_model(folder, seed)
+    # A tiny Llama: 3 layers, hidden 128, character-level tokenizer.
+    shape = dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_key_value_heads=4, max_position_embeddings=256
+    )
+    model, tokenizer = tiny_model("llama", seed, **shape)
     with open(train_file) as handle:
         records = [json.loads(line) for line in handle]
     held_out = V.load_jsonl(test_file)[:100]

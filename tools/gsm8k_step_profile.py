@@ -21,39 +21,14 @@ import sys
 import tempfile
 import time
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.fixtures_gsm8k.tiny_setup import digit_fraction, make_tokenizer, write_gsm8k_jsonl  # noqa: E402
+from tests.fixtures_gsm8k.tiny_setup import digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 SHAPE = ["--forward-lag=2", "--prompts-per-step=8", "--num-generations=4", "--micro-batch-size=16"]
 SHAPE += ["--max-new-tokens=64", "--eval-every=0", "--learning-rate=1e-3", "--torch-threads=1", "--loss=vaco"]
-
-
-def write_model(folder: str) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = make_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def load_script(path: str, name: str):
@@ -72,7 +47,9 @@ def main():
     parser.add_argument("--last-flags", nargs="*", default=[], help="flags for the last script only (e.g. new options)")
     options = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="gsm8k_profile_")
-    model = write_model(os.path.join(folder, "model"))
+    # A Qwen2-architecture model: 4 layers, hidden 256, character-level tokenizer.
+    shape = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, max_position_embeddings=1024)
+    model = write_tiny_model(os.path.join(folder, "model"), "qwen2", 0, **shape)
     data = write_gsm8k_jsonl(os.path.join(folder, "train.jsonl"))
     modules = [load_script(path, f"profiled_{i}") for i, path in enumerate(options.scripts)]
     results = {path: [] for path in options.scripts}

@@ -47,8 +47,8 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def write_tiny_model(folder, family: str = "llama", seed: int = 0) -> str:
-    """Save a random 2-layer causal LM (hidden 64) and the tokenizer to `folder`; returns the folder."""
+def tiny_model(family: str = "llama", seed: int = 0, **overrides):
+    """A random causal LM (by default 2 layers, hidden 64; `overrides` change its config) and the tokenizer."""
     tokenizer = make_tokenizer()
     shape = dict(
         vocab_size=len(tokenizer),
@@ -63,13 +63,18 @@ def write_tiny_model(folder, family: str = "llama", seed: int = 0) -> str:
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
+    shape.update(overrides)
     torch.manual_seed(seed)
     if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape))
-    elif family == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**shape))
-    else:
-        raise ValueError(family)
+        return LlamaForCausalLM(LlamaConfig(**shape)), tokenizer
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**shape)), tokenizer
+    raise ValueError(family)
+
+
+def write_tiny_model(folder, family: str = "llama", seed: int = 0, **overrides) -> str:
+    """Save `tiny_model(family, seed, **overrides)` and its tokenizer to `folder`; returns the folder."""
+    model, tokenizer = tiny_model(family, seed, **overrides)
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return str(folder)
