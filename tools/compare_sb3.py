@@ -5,7 +5,8 @@ minibatches, learning rate 3e-4 annealed linearly to 0, gamma 0.99, GAE lambda 0
 no entropy bonus, value coefficient 0.5, gradient norm 0.5, observation and reward normalisation, separate
 64-64 tanh actor and critic with orthogonal initialisation and a state-independent log-std starting at 0.
 SB3 is a peer, not a dependency: it runs from another Python environment (--sb3-python), e.g.
-`python3 -m venv sb3 && sb3/bin/pip install stable-baselines3 "gymnasium[mujoco]"`.
+`python3 -m venv ~/sb3 && ~/sb3/bin/pip install torch==2.13.0 stable-baselines3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0`
+(outside the checkout, which the format/lint check and the tests scan).
 
 Both report steps per second over training alone (rollouts and updates; not start-up), one torch thread each, by
 wall clock and per CPU-second (which a busy shared machine distorts far less).
@@ -13,7 +14,7 @@ Runs alternate between the two, so that drift on a shared machine hits both alik
 and the ratio per pair. The mean return of the last episodes is printed too (a few seeds of 200k steps are
 needed to compare learning; this is a smoke check).
 
-Usage: python tools/compare_sb3.py --sb3-python sb3/bin/python --total-timesteps 40960 --repeats 3
+Usage: python tools/compare_sb3.py --sb3-python ~/sb3/bin/python --total-timesteps 40960 --repeats 3
 """
 
 import argparse
