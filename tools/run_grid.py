@@ -56,7 +56,6 @@ only prints the command lines.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -94,12 +93,10 @@ TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", 
 
 
 def is_finished(run_dir: Path) -> bool:
-    """A run is finished when its summary.json exists and does not mark it as interrupted."""
-    try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and not summary.get("interrupted", False)
+    """A run is finished when its summary.json exists and does not mark it as interrupted (aggregate.py's rule)."""
+    import aggregate  # pandas: imported only when needed
+
+    return aggregate.is_finished(run_dir)
 
 
 @dataclass
