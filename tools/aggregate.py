@@ -693,6 +693,16 @@ def verdict_table(final, agg, deg, per_task, lo=LAG_LO, hi=LAG_HI) -> tuple[pd.D
     return table, verdict
 
 
+def _task_table(frame, first_col, algos):
+    """Markdown rows: one per algorithm, one interval per task, then the pooled one."""
+    tasks = [t for t in frame.task.unique() if t != "pooled"] + ["pooled"]
+    lines = [f"| {first_col} | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for algo in algos:
+        d = frame[frame.algo == algo].set_index("task")
+        lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+    return lines + [""]
+
+
 def _ci(r) -> str:
     return f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
 
@@ -718,20 +728,10 @@ def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
             f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}):",
             "",
         ]
-        tasks = [t for t in dd.task.unique() if t != "pooled"] + ["pooled"]
-        lines += ["| algorithm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-        for algo in order_labels(dd.algo.unique()):
-            d = dd[dd.algo == algo].set_index("task")
-            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
-        lines.append("")
+        lines += _task_table(dd, "algorithm", order_labels(dd.algo.unique()))
     if len(abl):
         lines += [f"Ablations at lag {LAG_HI}, ablation − VACO:", ""]
-        tasks = [t for t in abl.task.unique() if t != "pooled"] + ["pooled"]
-        lines += ["| ablation | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-        for algo in sorted(abl.algo.unique()):
-            d = abl[abl.algo == algo].set_index("task")
-            lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
-        lines.append("")
+        lines += _task_table(abl, "ablation", sorted(abl.algo.unique()))
     if "final_tv_mean" in per_task and per_task.final_tv_mean.notna().any():
         lines += ["Final TV (mean over the last 10% of steps), mean ± 95% t half-width over runs:", ""]
         lags = sorted(per_task.lag.unique())
