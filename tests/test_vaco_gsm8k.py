@@ -756,3 +756,31 @@ def test_arith_task_is_gsm8k_schema_deterministic_and_disjoint(tmp_path):
         a, op, b = left.split()
         assert int(right) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] >= 0
         assert V.reference_answer(record["answer"]) == int(right) and V.compute_reward(record["answer"], int(right)) == 1
+
+
+def test_proxy_tool_parallel_workers_match_one_worker_and_resume(tmp_path):
+    """tools/gsm8k_proxy_task.py end to end, tiny: --workers 2 gives the runs of --workers 1 (each run is
+    seeded and single-threaded), and a rerun into the same --work reuses every finished run."""
+    import csv
+
+    def tool(out, work, workers):
+        cmd = [sys.executable, str(ROOT / "tools" / "gsm8k_proxy_task.py"), "--out", str(out), "--work", str(work)]
+        cmd += ["--lags", "1", "2", "--seeds", "1", "--total-steps", "2", "--sft-max-steps", "2"]
+        cmd += ["--prompts-per-step", "2", "--num-generations", "4", "--eval-every", "2", "--eval-size", "4"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd + ["--workers", str(workers)], capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(out / "runs.csv") as handle:
+            return list(csv.DictReader(handle)), json.loads((out / "setup.json").read_text())
+
+    one, setup = tool(tmp_path / "one", tmp_path / "work_one", 1)
+    two, _ = tool(tmp_path / "two", tmp_path / "work_two", 2)
+    assert [(r["loss"], r["K"]) for r in one] == [("ppo-clip", "1"), ("ppo-clip", "2"), ("vaco", "1"), ("vaco", "2")]
+    assert one == two and setup["runs_computed"] == 4
+    assert (tmp_path / "one" / "forward_lag.png").is_file()
+    # At K = 1 the ratio is exactly 1: PPO-clip and VACO take the same steps.
+    assert {k: v for k, v in one[0].items() if k not in ("loss", "over_budget_fraction")} == {
+        k: v for k, v in one[2].items() if k not in ("loss", "over_budget_fraction")
+    }
+    again, setup = tool(tmp_path / "one", tmp_path / "work_one", 1)
+    assert again == one and setup["runs_computed"] == 0

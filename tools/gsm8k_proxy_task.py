@@ -17,8 +17,11 @@ Usage:
 """
 
 import argparse
+import concurrent.futures
+import contextlib
 import csv
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -97,6 +100,44 @@ def supervise(folder: str, train_file: str, test_file: str, target: float, max_s
     return {"sft_steps": step, "sft_accuracy": accuracy}
 
 
+def run_one(spec: dict) -> dict:
+    """One GRPO run from the supervised model; returns its runs.csv row and curves.csv rows.
+
+    Top-level (picklable) so that --workers can run it in a subprocess: each run is a fresh process with one
+    torch thread, and its log goes to a file so that parallel runs do not interleave their output.
+    """
+    torch.set_num_threads(1)
+    loss, k, seed = spec["loss"], spec["K"], spec["seed"]
+    args = V.Args(
+        model_id=spec["model_dir"], data_file=spec["train_file"], eval_data_file=spec["test_file"],
+        run_dir=spec["run_dir"], overwrite=True, checkpoint_every=0, loss=loss, forward_lag=k,
+        total_steps=spec["total_steps"], seed=seed, prompts_per_step=spec["prompts_per_step"],
+        num_generations=spec["num_generations"], micro_batch_size=spec["prompts_per_step"] * spec["num_generations"],
+        max_new_tokens=MAX_NEW_TOKENS, learning_rate=spec["learning_rate"], temperature=spec["temperature"],
+        eval_every=max(1, spec["eval_every"] // k), eval_size=spec["eval_size"], torch_threads=1,
+    )  # fmt: skip
+    os.makedirs(os.path.dirname(spec["log"]), exist_ok=True)
+    with open(spec["log"], "w") as log, contextlib.redirect_stdout(log):
+        history = V.train(args)
+    key = "clip_fraction" if loss == "ppo-clip" else "filter_fraction"
+    steps = history["steps"]
+    over = [s["over_budget"] for s in steps] if loss == "vaco" else []
+    when_over = [s["filter_fraction"] for s in steps if s.get("over_budget")]
+    row = {
+        "loss": loss, "K": k, "seed": seed,
+        "accuracy_start": history["evals"][0]["accuracy"],
+        "accuracy_end": history["evals"][-1]["accuracy"],
+        "dropped_fraction": float(np.mean([s[key] for s in steps])),
+        "over_budget_fraction": float(np.mean(over)) if over else "",
+        "filter_fraction_when_over": float(np.mean(when_over)) if when_over else "",
+        "tv_final": float(np.mean([r["tv_final"] for r in history["iterations"]])),
+        "reward_start": history["iterations"][0]["reward"],
+        "reward_end": history["iterations"][-1]["reward"],
+    }  # fmt: skip
+    curves = [{"loss": loss, "K": k, "seed": seed, **e} for e in history["evals"]]
+    return {"spec": spec, "row": row, "curves": curves}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -105,8 +146,16 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--total-steps", type=int, default=32, help="optimizer steps per run (a multiple of every K)")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--eval-every", type=int, default=8, help="greedy evaluation every this many optimizer steps")
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--max-number", type=int, default=9, help="operands 1..max-number (tools/make_arith_task.py)")
+    parser.add_argument("--train-size", type=int, default=4000, help="training problems (200 held out)")
     parser.add_argument("--sft-target", type=float, default=0.25)
     parser.add_argument("--sft-max-steps", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=1, help="runs in parallel, each a subprocess with one thread")
     parser.add_argument("--work", help="folder for data, models and run folders (default: a temporary one, removed)")
     options = parser.parse_args()
     if any(options.total_steps % k for k in options.lags):
@@ -114,61 +163,94 @@ def main():
     torch.set_num_threads(1)
     os.makedirs(options.out, exist_ok=True)
     work = options.work or tempfile.mkdtemp(prefix="gsm8k_proxy_")
-    train_file, test_file = make_task(os.path.join(work, "data"), 4000, 200, seed=0)
+    task = {name: getattr(options, name) for name in ("max_number", "train_size", "sft_target", "sft_max_steps")}
+    data = os.path.join(work, "data")
+    train_file, test_file = make_task(data, options.train_size, 200, seed=0, max_number=options.max_number)
     model_dir = os.path.join(work, "sft_model")
     start = time.time()
-    if os.path.isfile(os.path.join(model_dir, "sft.json")):  # deterministic: a rerun into the same --out reuses it
+    sft = None
+    if os.path.isfile(os.path.join(model_dir, "sft.json")):  # deterministic: a rerun with the same task reuses it
         with open(os.path.join(model_dir, "sft.json")) as handle:
             sft = json.load(handle)
-    else:
+        if sft.get("task") != task:
+            sft = None
+    if sft is None:
         sft = supervise(model_dir, train_file, test_file, options.sft_target, options.sft_max_steps, seed=0)
+        sft.update(task=task, sft_seconds=round(time.time() - start))
         with open(os.path.join(model_dir, "sft.json"), "w") as handle:
             json.dump(sft, handle)
     print(f"supervised model: {sft} ({time.time() - start:.0f} s)", flush=True)
 
-    runs, curves = [], []
-    for loss in options.losses:
-        for k in options.lags:
-            for seed in options.seeds:
-                args = V.Args(
-                    model_id=model_dir, data_file=train_file, eval_data_file=test_file,
-                    run_dir=os.path.join(work, "runs", f"{loss}_K{k}_s{seed}"), overwrite=True, checkpoint_every=0,
-                    loss=loss, forward_lag=k, total_steps=options.total_steps, seed=seed, prompts_per_step=8,
-                    num_generations=8, micro_batch_size=64, max_new_tokens=MAX_NEW_TOKENS, learning_rate=options.learning_rate,
-                    eval_every=max(1, 8 // k), eval_size=200, torch_threads=1,
-                )  # fmt: skip
-                history = V.train(args)
-                key = "clip_fraction" if loss == "ppo-clip" else "filter_fraction"
-                steps = history["steps"]
-                over = [s["over_budget"] for s in steps] if loss == "vaco" else []
-                when_over = [s["filter_fraction"] for s in steps if s.get("over_budget")]
-                runs.append(
-                    {
-                        "loss": loss, "K": k, "seed": seed,
-                        "accuracy_start": history["evals"][0]["accuracy"],
-                        "accuracy_end": history["evals"][-1]["accuracy"],
-                        "dropped_fraction": np.mean([s[key] for s in steps]),
-                        "over_budget_fraction": np.mean(over) if over else "",
-                        "filter_fraction_when_over": np.mean(when_over) if when_over else "",
-                        "tv_final": np.mean([r["tv_final"] for r in history["iterations"]]),
-                        "reward_end": history["iterations"][-1]["reward"],
-                    }
-                )  # fmt: skip
-                curves += [{"loss": loss, "K": k, "seed": seed, **e} for e in history["evals"]]
-                print(f"done {loss} K={k} seed={seed}: {runs[-1]} ({time.time() - start:.0f} s)", flush=True)
+    shared = {
+        "model_dir": model_dir, "train_file": train_file, "test_file": test_file, "sft": sft,
+        **{name: getattr(options, name) for name in RUN_OPTIONS},
+    }  # fmt: skip
+    specs = []
+    # Seed by seed, so that a grid stopped early holds whole seeds (every loss and lag).
+    for seed in options.seeds:
+        for loss in options.losses:
+            for k in options.lags:
+                name = f"{loss}_K{k}_s{seed}"
+                run_dir = os.path.join(work, "runs", name)
+                log = os.path.join(work, "logs", f"{name}.log")
+                specs.append({**shared, "loss": loss, "K": k, "seed": seed, "run_dir": run_dir, "log": log})
+    # A run whose result is in --work under the same settings is not run again (an interrupted grid resumes).
+    results, todo = {}, []
+    for index, spec in enumerate(specs):
+        path = os.path.join(work, "results", os.path.basename(spec["run_dir"]) + ".json")
+        if os.path.isfile(path):
+            with open(path) as handle:
+                saved = json.load(handle)
+            if saved["spec"] == spec:
+                results[index] = saved
+                continue
+        todo.append(index)
+    run_start = time.time()
 
+    def finished(index: int, result: dict):
+        results[index] = result
+        os.makedirs(os.path.join(work, "results"), exist_ok=True)
+        with open(os.path.join(work, "results", os.path.basename(specs[index]["run_dir"]) + ".json"), "w") as handle:
+            json.dump(result, handle)
+        # Written after every run, in grid order, so a grid stopped early leaves the runs that finished.
+        done = [results[i] for i in sorted(results)]
+        write_outputs(options, [r["row"] for r in done], [c for r in done for c in r["curves"]], sft)
+        print(f"done {len(results)}/{len(specs)}: {result['row']} ({time.time() - start:.0f} s)", flush=True)
+
+    if options.workers > 1:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
+        with concurrent.futures.ProcessPoolExecutor(options.workers, mp_context=context) as pool:
+            futures = {pool.submit(run_one, specs[i]): i for i in todo}
+            for future in concurrent.futures.as_completed(futures):
+                finished(futures[future], future.result())
+    else:
+        for index in todo:
+            finished(index, run_one(specs[index]))
+
+    done = [results[i] for i in sorted(results)]
+    write_outputs(options, [r["row"] for r in done], [c for r in done for c in r["curves"]], sft)
+    with open(os.path.join(options.out, "setup.json"), "w") as handle:
+        settings = {k: v for k, v in vars(options).items() if k not in ("out", "work")}
+        seconds = {"seconds_runs": round(time.time() - run_start), "runs_computed": len(todo)}
+        json.dump({**settings, **sft, **seconds}, handle, indent=2)
+    if not options.work:
+        shutil.rmtree(work)
+    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
+
+
+# The options that decide a run's result (a saved result is reused only when all of them match).
+RUN_OPTIONS = [
+    "total_steps", "learning_rate", "prompts_per_step", "num_generations", "temperature", "eval_every", "eval_size"
+]  # fmt: skip
+
+
+def write_outputs(options, runs: list, curves: list, sft: dict):
     for name, rows in [("runs.csv", runs), ("curves.csv", curves)]:
         with open(os.path.join(options.out, name), "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     plot(options, runs, curves, sft)
-    with open(os.path.join(options.out, "setup.json"), "w") as handle:
-        settings = {k: v for k, v in vars(options).items() if k not in ("out", "work")}
-        json.dump({**settings, **sft, "seconds": round(time.time() - start)}, handle, indent=2)
-    if not options.work:
-        shutil.rmtree(work)
-    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
 
 
 def plot(options, runs, curves, sft):
@@ -193,7 +275,11 @@ def plot(options, runs, curves, sft):
         name = "clip fraction (PPO-clip)" if loss == "ppo-clip" else "filter fraction (VACO)"
         axes[1].plot(lags, dropped, style + "o", label=name)
         axes[2].plot(lags, tv, style + "o", label=loss)
-    axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title=f"SFT start {sft['sft_accuracy']:.2f}")
+    axes[0].set(
+        xlabel="optimizer step",
+        ylabel=f"greedy accuracy ({options.eval_size} held-out)",
+        title=f"SFT start {sft['sft_accuracy']:.2f}",
+    )
     axes[1].set(xlabel="forward lag K", ylabel="fraction of tokens", xscale="log", title="clipped vs filtered")
     axes[2].set(xlabel="forward lag K", ylabel="TV after the update", xscale="log", title="final TV")
     for axis in axes[1:]:
@@ -203,6 +289,7 @@ def plot(options, runs, curves, sft):
         axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(os.path.join(options.out, "forward_lag.png"), dpi=100)
+    plt.close(figure)  # redrawn after every run: do not keep the old figures open
 
 
 if __name__ == "__main__":
