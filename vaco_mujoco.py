@@ -431,6 +431,11 @@ class Agent(nn.Module):
         action_mean = self.actor_mean(x if normalized else self.normalize(x))
         return Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
 
+    def get_action(self, x):
+        """(mean, sample) of pi(.|s): the arithmetic and random stream of get_dist(x).sample(), without its overhead."""
+        action_mean = self.actor_mean(self.normalize(x))
+        return action_mean, action_mean + self.actor_logstd.exp() * torch.randn_like(action_mean)
+
 
 def load_agent(path):
     """Rebuild a saved agent (weights and observation statistics) for evaluation."""
@@ -694,10 +699,7 @@ if __name__ == "__main__":
             # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
             with torch.inference_mode():
                 for actor, env_idx in actor_groups:
-                    dist = actor.get_dist(next_obs[env_idx])
-                    action_means[step, env_idx] = dist.loc
-                    # The arithmetic and random stream of dist.sample(), without its overhead.
-                    actions[step, env_idx] = dist.loc + dist.scale * torch.randn_like(dist.loc)
+                    action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
 
             # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
             next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
