@@ -407,12 +407,18 @@ class Agent(nn.Module):
         x = (x - self.obs_rms.mean.float()) / torch.sqrt(self.obs_rms.var.float() + 1e-8)
         return x.clamp(-10.0, 10.0)
 
-    def get_value(self, x):
-        return self.critic(self.normalize(x)).squeeze(-1)
+    # normalized=True: x is already self.normalize(s) (the update normalises its batch once, not per minibatch).
+    def get_value(self, x, normalized=False):
+        return self.critic(x if normalized else self.normalize(x)).squeeze(-1)
 
-    def get_dist(self, x):
-        action_mean = self.actor_mean(self.normalize(x))
+    def get_dist(self, x, normalized=False):
+        action_mean = self.actor_mean(x if normalized else self.normalize(x))
         return Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+
+    def get_action(self, x):
+        """(mean, sample) of pi(.|s): the arithmetic and random stream of get_dist(x).sample(), without its overhead."""
+        action_mean = self.actor_mean(self.normalize(x))
+        return action_mean, action_mean + self.actor_logstd.exp() * torch.randn_like(action_mean)
 
 
 def load_agent(path):
@@ -650,10 +656,7 @@ if __name__ == "__main__":
             # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
             with torch.inference_mode():
                 for actor, env_idx in actor_groups:
-                    dist = actor.get_dist(next_obs[env_idx])
-                    action_means[step, env_idx] = dist.loc
-                    # The arithmetic and random stream of dist.sample(), without its overhead.
-                    actions[step, env_idx] = dist.loc + dist.scale * torch.randn_like(dist.loc)
+                    action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
 
             # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
             next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
@@ -693,6 +696,7 @@ if __name__ == "__main__":
 
         # flatten the batch
         b_obs = obs.reshape((-1, obs_dim))
+        b_nobs = agent.normalize(b_obs)  # the observation statistics stay fixed until the update's end
         b_logprobs = logprobs.reshape(-1)
         b_actions = actions.reshape((-1, act_dim))
         b_advantages = advantages.reshape(-1)
@@ -701,36 +705,34 @@ if __name__ == "__main__":
 
         # Optimizing the policy and value network
         b_inds = np.arange(args.batch_size)
-        ratio_devs = []
+        ratios = []  # of every minibatch, for the log
         for epoch in range(args.update_epochs):
             rng.shuffle(b_inds)
+            # One gather per epoch lays the shuffled minibatches out as contiguous slices.
+            perm = torch.as_tensor(b_inds, device=device)
+            e_nobs, e_actions, e_logprobs, e_advantages, e_returns, e_values = (
+                x[perm] for x in (b_nobs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+            )
             for start in range(0, args.batch_size, args.minibatch_size):
-                mb_inds = torch.as_tensor(b_inds[start : start + args.minibatch_size], device=device)
+                mb = slice(start, start + args.minibatch_size)
 
-                dist = agent.get_dist(b_obs[mb_inds])
-                newlogprob = dist.log_prob(b_actions[mb_inds]).sum(1)
-                entropy = dist.entropy().sum(1)
-                newvalue = agent.get_value(b_obs[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
+                dist = agent.get_dist(e_nobs[mb], normalized=True)
+                newlogprob = dist.log_prob(e_actions[mb]).sum(1)
+                newvalue = agent.get_value(e_nobs[mb], normalized=True)
+                logratio = newlogprob - e_logprobs[mb]
                 ratio = logratio.exp()
+                ratios.append(ratio.detach())
 
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    ratio_devs += [(ratio - 1.0).abs().mean().item()]
-
-                mb_advantages = b_advantages[mb_inds]
+                mb_advantages = e_advantages[mb]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
                 pg_loss = policy_loss(ratio, mb_advantages, args.clip_coef)
-                v_loss = value_loss(
-                    newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef if args.clip_vloss else None
-                )
-                entropy_loss = entropy.mean()
+                v_loss = value_loss(newvalue, e_values[mb], e_returns[mb], args.clip_coef if args.clip_vloss else None)
+                # At the default --ent-coef 0 the entropy stays out of the graph (pg_loss - 0.0 is pg_loss).
+                entropy_loss = dist.entropy().sum(1).mean() if args.ent_coef else 0.0
                 loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                if not torch.isfinite(loss):
+                if not np.isfinite(loss.item()):
                     sys.exit(f"error: non-finite loss at iteration {iteration} (epoch {epoch + 1}); stopping (nothing saved)")
 
                 optimizer.zero_grad()
@@ -738,11 +740,16 @@ if __name__ == "__main__":
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
+            with torch.no_grad():  # approx_kl of the epoch's last minibatch http://joschu.net/blog/kl-approx.html
+                old_approx_kl = (-logratio).mean()
+                approx_kl = ((ratio - 1) - logratio).mean()
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with torch.no_grad():
-            final_tv = total_variation(agent.get_dist(b_obs).log_prob(b_actions).sum(1) - b_logprobs).item()
+            entropy_loss = dist.entropy().sum(1).mean()  # logged: the last minibatch's, as when it was in the loss
+            ratio_devs = [(r - 1.0).abs().mean().item() for r in ratios]
+            final_tv = total_variation(agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1) - b_logprobs).item()
         # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
         # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
         agent.obs_rms.update(b_obs)
