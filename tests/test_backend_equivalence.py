@@ -84,3 +84,14 @@ def test_end_to_end_tiny_and_resumes(tmp_path):
     # Evaluation on both backends follows the same loop: an untrained policy scores alike.
     table = be.eval_table(rows)
     assert all(np.isfinite(r["gymnasium_mean"]) and np.isfinite(r["envpool_mean"]) for r in table)
+
+
+def test_gymnasium_evaluation_matches_the_scripts_evaluate():
+    """The tool's gymnasium loop (returns and lengths in one pass) gives ppo_mujoco.evaluate's returns."""
+    import ppo_mujoco
+
+    torch.manual_seed(0)
+    agent = ppo_mujoco.Agent(11, 3)
+    episodes = be.evaluate_gymnasium(agent, "Hopper-v5", 2, seed=5)
+    assert [r for r, _ in episodes] == ppo_mujoco.evaluate(agent, "Hopper-v5", 2, 5)
+    assert all(length > 0 for _, length in episodes)

@@ -362,28 +362,26 @@ def evaluate_envpool(agent, env_id, episodes, seed) -> list[tuple[float, int]]:
 
 
 def evaluate_gymnasium(agent, env_id, episodes, seed) -> list[tuple[float, int]]:
-    """`ppo_mujoco.evaluate` (returns only), with the episode lengths from the same loop."""
+    """`ppo_mujoco.evaluate`'s loop (mean action, frozen statistics, clipped), also counting episode lengths."""
     import gymnasium as gym
     import torch
 
-    from ppo_mujoco import evaluate
-
-    returns = evaluate(agent, env_id, episodes, seed)
-    env = gym.make(env_id)  # the lengths: the same episodes again (deterministic given the seed)
+    env = gym.make(env_id)
     low, high = env.action_space.low, env.action_space.high
-    lengths = []
+    out = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        done, length = False, 0
+        done, episodic_return, length = False, 0.0, 0
         while not done:
             with torch.no_grad():
                 action = agent.get_dist(torch.as_tensor(obs, dtype=torch.float32)[None]).mean[0]
-            obs, _, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
+            episodic_return += float(reward)
             length += 1
             done = terminated or truncated
-        lengths.append(length)
+        out.append((episodic_return, length))
     env.close()
-    return list(zip(returns, lengths))
+    return out
 
 
 EPISODE_FIELDS = ["trained_on", "seed", "evaluated_on", "episode", "return", "length"]
