@@ -67,6 +67,23 @@ def test_scale_rewards_is_the_step_by_step_arithmetic(num_envs):
         assert torch.equal(getattr(got_rms, name), getattr(rms, name)), name
 
 
+def test_compare_sb3_scores_sb3_episodes_like_our_logs():
+    """SB3's episodes are grouped into 2048-step rollouts, each rollout's mean logged at its last step (as
+    ppo_mujoco.py logs charts/episodic_return), then tools/aggregate.py's last-10% window. Hand-worked: the
+    episodes end at steps 1000, 2000, 2100, 5100, 7100, 8192, in rollouts 0, 0, 1, 2, 3, 3; of the rollout ends
+    2048, 4096, 6144, 8192 only 8192 is past 0.9 x 8192, so the score is the mean of rollout 3's episodes."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from compare_sb3 import final_score_of_episodes
+
+    lengths, returns = [1000, 1000, 100, 3000, 2000, 1092], [1.0, 2.0, 3.0, 4.0, 5.0, 7.0]
+    assert final_score_of_episodes(returns, lengths, 8192) == pytest.approx(6.0)
+    # 20 rollouts: the window (> 36,864) holds the rollouts ending at 38,912 and 40,960; the last episodes end
+    # in rollouts 18 (step 38,000) and 19 (40,000 and 40,960).
+    lengths, returns = [38_000, 2_000, 960], [10.0, 20.0, 40.0]
+    assert final_score_of_episodes(returns, lengths, 40_960) == pytest.approx((10.0 + 30.0) / 2)
+    assert final_score_of_episodes([], [], 2048) is None
+
+
 @pytest.mark.skipif(not os.environ.get("SB3_PYTHON"), reason="set SB3_PYTHON to a Python with stable_baselines3")
 def test_compare_sb3_prints_the_ratio():
     proc = subprocess.run(
@@ -82,7 +99,7 @@ def test_compare_sb3_prints_the_ratio():
     rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
     for name in ("ppo_mujoco.py", "Stable-Baselines3 PPO"):
         assert float(rows[name].split("|")[2].replace(",", "")) > 0
-        assert rows[name].split("|")[4].strip() != "n/a"  # both report returns of finished episodes
+        assert rows[name].split("|")[5].strip() != "n/a"  # both score the returns of finished episodes
     assert "ppo_mujoco.py / SB3:" in proc.stdout
 
 

@@ -11,8 +11,10 @@ SB3 is a peer, not a dependency: it runs from another Python environment (--sb3-
 Both report steps per second over training alone (rollouts and updates; not start-up), one torch thread each, by
 wall clock and per CPU-second (which a busy shared machine distorts far less).
 Runs alternate between the two, so that drift on a shared machine hits both alike; the table gives the medians
-and the ratio per pair. The mean return of the last episodes is printed too (a few seeds of 200k steps are
-needed to compare learning; this is a smoke check).
+and the ratio per pair. Learning is compared with the repository's one final score (tools/aggregate.py): the
+mean training episodic return over the last 10% of steps, from the per-rollout means of the episodes that
+ended in each 2048-step rollout, for both (SB3's episodes are grouped into its rollouts the same way). Learning
+needs a few seeds of 200k steps (`--total-timesteps 200000`); short runs are a smoke check.
 
 Usage: python tools/compare_sb3.py --sb3-python ~/sb3/bin/python --total-timesteps 40960 --repeats 3
 """
@@ -27,7 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from aggregate import SCORE_DEF, record_frames, record_from_run_dir, window_mean  # noqa: E402  (one score definition)
+
+ROLLOUT = 2048
 
 # Run by --sb3-python: SB3's PPO with ppo_mujoco.py's hyperparameters; prints one JSON line.
 SB3_PROGRAM = """
@@ -50,35 +58,51 @@ model = PPO(
 start, cpu_start = time.perf_counter(), time.process_time()
 model.learn(total_timesteps)
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-returns = [info["r"] for info in model.ep_info_buffer]
+monitor = envs.venv.envs[0]
 print(json.dumps({"sps": model.num_timesteps / seconds, "steps": model.num_timesteps, "cpu_seconds": cpu,
-                  "last_returns": returns[-10:]}))
+                  "episode_returns": monitor.get_episode_rewards(), "episode_lengths": monitor.get_episode_lengths()}))
 """
 
 
 def run_ours(python, env_id, total_timesteps, seed):
     """ppo_mujoco.py's SPS over rollouts and updates, by wall clock and per CPU-second: the process's CPU time
     less that of a one-rollout run (start-up, env construction), over the steps of the other rollouts."""
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as folder:
         cmd = [python, str(ROOT / "ppo_mujoco.py"), "--env-id", env_id, "--num-envs", "1", "--num-steps", "2048"]
-        cmd += ["--seed", str(seed), "--eval-episodes", "0", "--run-dir", run_dir, "--total-timesteps"]
+        cmd += ["--seed", str(seed), "--eval-episodes", "0"]
         cpu = []
-        for steps in (total_timesteps, 2048):
+        for name, steps in (("full", total_timesteps), ("one-rollout", 2048)):
+            run_dir = os.path.join(folder, name)  # a fresh run folder per run: the script refuses a used one
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            proc = subprocess.run(cmd + [str(steps)], cwd=ROOT, env=env, capture_output=True, text=True)
+            run = cmd + ["--run-dir", run_dir, "--total-timesteps", str(steps)]
+            proc = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if proc.returncode:
                 raise SystemExit(f"error: ppo_mujoco.py failed:\n{proc.stderr[-2000:]}")
             cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-            if steps == total_timesteps:
+            if name == "full":
                 summary = json.loads(Path(run_dir, "summary.json").read_text())
+                final_return = record_frames(record_from_run_dir(run_dir))[0]["final_return"]
     steps = summary["global_step"]
     return {
         "sps": steps / (summary["rollout_seconds"] + summary["update_seconds"]),
         "cpu_sps": (steps - 2048) / max(cpu[0] - cpu[1], 1e-9) if steps > 2048 else None,
-        "final_return": summary["final_return"],
+        "final_return": None if np.isnan(final_return) else final_return,
     }
+
+
+def final_score_of_episodes(returns, lengths, total_steps):
+    """The final score of a run given as its episodes in order: each rollout's mean over the episodes that
+    ended in it, logged at the rollout's last step (as ppo_mujoco.py logs charts/episodic_return), then the
+    window mean of tools/aggregate.py."""
+    if not returns:
+        return None
+    rollout = (np.cumsum(lengths) - 1) // ROLLOUT  # the rollout in which each episode ended
+    ends = np.unique(rollout)
+    steps = (ends + 1) * ROLLOUT
+    means = np.array([np.mean(np.asarray(returns)[rollout == r]) for r in ends])
+    return window_mean(steps.astype(float), means, float(total_steps))
 
 
 def run_sb3(python, env_id, total_timesteps, seed):
@@ -90,12 +114,12 @@ def run_sb3(python, env_id, total_timesteps, seed):
         if proc.returncode:
             raise SystemExit(f"error: Stable-Baselines3 run failed:\n{proc.stderr[-2000:]}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    (full, one), returns = results, results[0]["last_returns"]
+    full, one = results
     cpu_delta = full["cpu_seconds"] - one["cpu_seconds"]
     return {
         "sps": full["sps"],
         "cpu_sps": (full["steps"] - one["steps"]) / max(cpu_delta, 1e-9) if full["steps"] > one["steps"] else None,
-        "final_return": sum(returns) / len(returns) if returns else None,
+        "final_return": final_score_of_episodes(full["episode_returns"], full["episode_lengths"], full["steps"]),
     }
 
 
@@ -122,7 +146,7 @@ def main():
 
     def row(name, runs):
         returns = [r["final_return"] for r in runs if r["final_return"] is not None]
-        mean_return = f"{statistics.mean(returns):.1f}" if returns else "n/a"
+        mean_return = f"{statistics.mean(returns):.1f} ({', '.join(f'{r:.0f}' for r in returns)})" if returns else "n/a"
         sps = statistics.median(r["sps"] for r in runs)
         cpu_sps = statistics.median(r["cpu_sps"] for r in runs) if with_cpu else None
         per_run = ", ".join(f"{r['sps']:,.0f}" for r in runs)
@@ -130,11 +154,13 @@ def main():
         return f"| {name} | {sps:,.0f} | {per_run} | {cpu} | {mean_return} |", sps, cpu_sps
 
     print(f"\n{args.env_id}, 1 env x 2048 steps, {args.total_timesteps:,} steps per run, {os.cpu_count()} cores")
-    print("| what | median SPS | SPS per run | median SPS per CPU-second | mean final return |\n|---|---:|---|---:|---:|")
+    print("| what | median SPS | SPS per run | median SPS per CPU-second | mean final score (per run) |")
+    print("|---|---:|---|---:|---:|")
     line, ours_sps, ours_cpu = row("ppo_mujoco.py", ours)
     print(line)
     line, sb3_sps, sb3_cpu = row("Stable-Baselines3 PPO", sb3)
     print(line)
+    print(f"({SCORE_DEF})")
     pairs = ", ".join(f"{o['sps'] / s['sps']:.2f}" for o, s in zip(ours, sb3))
     print(f"\nppo_mujoco.py / SB3: {ours_sps / sb3_sps:.2f}x (medians; per pair: {pairs})")
     if with_cpu:
