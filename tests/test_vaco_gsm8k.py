@@ -791,9 +791,41 @@ def test_proxy_tool_parallel_workers_match_one_worker_and_resume(tmp_path):
     assert [(r["loss"], r["K"]) for r in one] == [("ppo-clip", "1"), ("ppo-clip", "2"), ("vaco", "1"), ("vaco", "2")]
     assert one == two and setup["runs_computed"] == 4
     assert (tmp_path / "one" / "forward_lag.png").is_file()
+    table = [line for line in (tmp_path / "one" / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1:3] for line in table[1:]] == [
+        [" ppo-clip ", " 1 "],
+        [" ppo-clip ", " 2 "],
+        [" vaco ", " 1 "],
+        [" vaco ", " 2 "],
+    ]
     # At K = 1 the ratio is exactly 1: PPO-clip and VACO take the same steps.
     assert {k: v for k, v in one[0].items() if k not in ("loss", "over_budget_fraction")} == {
         k: v for k, v in one[2].items() if k not in ("loss", "over_budget_fraction")
     }
     again, setup = tool(tmp_path / "one", tmp_path / "work_one", 1)
     assert again == one and setup["runs_computed"] == 0
+
+
+def test_proxy_summary_table_hand_worked():
+    """summary.md: late accuracy = the mean of the evaluations from step total/2 on, per seed, then the mean
+    and t-interval over seeds; the change is late minus start."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gsm8k_proxy_task import summary_markdown
+
+    row = dict(loss="vaco", K=2, accuracy_start=0.2, dropped_fraction=0.01, tv_final=0.02)
+    runs = [
+        dict(row, seed=1, accuracy_end=0.4, over_budget_fraction=0.5, filter_fraction_when_over=0.3),
+        dict(row, seed=2, accuracy_end=0.2, over_budget_fraction=0.0, filter_fraction_when_over=""),
+    ]
+    accuracies = {1: [0.2, 0.1, 0.3, 0.4], 2: [0.2, 0.5, 0.1, 0.2]}  # at steps 0, 4, 8, 12 (late: steps 8, 12)
+    curves = [
+        dict(loss="vaco", K=2, seed=s, step=4 * i, accuracy=a) for s, acc in accuracies.items() for i, a in enumerate(acc)
+    ]
+    line = summary_markdown(runs, curves, 16).splitlines()[-1]
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    # late: seed 1 (0.3 + 0.4) / 2 = 0.35, seed 2 (0.1 + 0.2) / 2 = 0.15; mean 0.25, t(1) = 12.706, sd 0.1414
+    half = 12.706 * 0.141421 / 2**0.5
+    assert cells[:3] == ["vaco", "2", "2"]
+    assert cells[4] == f"0.250 [{0.25 - half:.3f}, {0.25 + half:.3f}]"
+    assert cells[5].startswith("0.050 [")
+    assert cells[6:] == ["0.0100", "0.2500", "0.300", "0.0200"]

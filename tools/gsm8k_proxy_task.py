@@ -7,11 +7,13 @@
 3. GRPO with vaco_gsm8k.py from that checkpoint: each loss at each forward lag K and seed, the same
    number of optimizer steps (--total-steps) and samples at every K, greedy evaluation every 8 steps.
 
-Writes <out>/setup.json (options, supervised steps and accuracy, seconds), <out>/runs.csv (one row per run: final accuracy, clip or filter fraction, how often VACO is over
-budget, final TV), <out>/curves.csv (evaluation accuracy against optimizer step) and <out>/forward_lag.png.
+Writes <out>/setup.json (options, supervised steps and accuracy, seconds), <out>/runs.csv (one row per run:
+final accuracy, clip or filter fraction, how often VACO is over budget, final TV), <out>/curves.csv (evaluation
+accuracy against optimizer step), <out>/summary.md (the table per loss and K, with 95% t-intervals over seeds)
+and <out>/forward_lag.png. The defaults are the committed grid (results/gsm8k_proxy).
 
 Usage:
-    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy                # the full grid
+    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy --workers 2    # the full grid, ~1 h on 2 cores
     python tools/gsm8k_proxy_task.py --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
     python tools/gsm8k_proxy_task.py --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
 """
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
+from aggregate import t_interval  # noqa: E402
 from make_arith_task import make_task  # noqa: E402
 from tests.fixtures_gsm8k.tiny_setup import tiny_model  # noqa: E402
 
@@ -144,16 +147,16 @@ def main():
     parser.add_argument("--losses", nargs="+", default=["ppo-clip", "vaco"])
     parser.add_argument("--lags", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--total-steps", type=int, default=32, help="optimizer steps per run (a multiple of every K)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--total-steps", type=int, default=256, help="optimizer steps per run (a multiple of every K)")
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--eval-every", type=int, default=8, help="greedy evaluation every this many optimizer steps")
+    parser.add_argument("--eval-every", type=int, default=32, help="greedy evaluation every this many optimizer steps")
     parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--max-number", type=int, default=9, help="operands 1..max-number (tools/make_arith_task.py)")
-    parser.add_argument("--train-size", type=int, default=4000, help="training problems (200 held out)")
-    parser.add_argument("--sft-target", type=float, default=0.25)
+    parser.add_argument("--max-number", type=int, default=6, help="operands 1..max-number (tools/make_arith_task.py)")
+    parser.add_argument("--train-size", type=int, default=2000, help="training problems (200 held out)")
+    parser.add_argument("--sft-target", type=float, default=0.3)
     parser.add_argument("--sft-max-steps", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel, each a subprocess with one thread")
     parser.add_argument("--work", help="folder for data, models and run folders (default: a temporary one, removed)")
@@ -235,7 +238,7 @@ def main():
         json.dump({**settings, **sft, **seconds}, handle, indent=2)
     if not options.work:
         shutil.rmtree(work)
-    print(f"wrote {options.out}/runs.csv, curves.csv, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
+    print(f"wrote {options.out}/runs.csv, curves.csv, summary.md, forward_lag.png, setup.json ({time.time() - start:.0f} s)")
 
 
 # The options that decide a run's result (a saved result is reused only when all of them match).
@@ -250,7 +253,46 @@ def write_outputs(options, runs: list, curves: list, sft: dict):
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+    with open(os.path.join(options.out, "summary.md"), "w") as handle:
+        handle.write(summary_markdown(runs, curves, options.total_steps))
     plot(options, runs, curves, sft)
+
+
+def mean_interval(values) -> str:
+    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/aggregate.py's interval."""
+    mean, half, _ = t_interval(values)
+    return f"{mean:.3f}" if np.isnan(half) else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+
+
+def summary_markdown(runs: list, curves: list, total_steps: int) -> str:
+    """One row per (loss, K): accuracy at the end and late in training (the mean of the evaluations from step
+    total_steps / 2 on: less noisy than the last one), the change from the start, and the mechanism columns."""
+    lines = [
+        f"Greedy accuracy on the held-out problems; means over seeds with 95% t-intervals; late = the mean of the "
+        f"evaluations at steps >= {total_steps // 2}.",
+        "",
+        "| loss | K | seeds | accuracy at the end | late accuracy | late − start | clip / filter fraction | "
+        "minibatches over budget | filter fraction when over | final TV |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|---:|",
+    ]
+    for loss in dict.fromkeys(r["loss"] for r in runs):
+        for k in sorted({r["K"] for r in runs if r["loss"] == loss}):
+            chosen = [r for r in runs if r["loss"] == loss and r["K"] == k]
+            late, change = [], []
+            for r in chosen:
+                evals = [c for c in curves if (c["loss"], c["K"], c["seed"]) == (loss, k, r["seed"])]
+                late.append(np.mean([c["accuracy"] for c in evals if c["step"] >= total_steps // 2]))
+                change.append(late[-1] - r["accuracy_start"])
+            over = [r["over_budget_fraction"] for r in chosen if r["over_budget_fraction"] != ""]
+            when = [r["filter_fraction_when_over"] for r in chosen if r["filter_fraction_when_over"] != ""]
+            lines.append(
+                f"| {loss} | {k} | {len(chosen)} | {mean_interval([r['accuracy_end'] for r in chosen])} | "
+                f"{mean_interval(late)} | {mean_interval(change)} | "
+                f"{np.mean([r['dropped_fraction'] for r in chosen]):.4f} | "
+                f"{f'{np.mean(over):.4f}' if over else '–'} | {f'{np.mean(when):.3f}' if when else '–'} | "
+                f"{np.mean([r['tv_final'] for r in chosen]):.4f} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def plot(options, runs, curves, sft):
