@@ -756,7 +756,7 @@ def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, nor
         f"Verdict against the pre-registered criteria: **{verdict}**",
         "",
         f"({SCORE_DEF}; {norm}; intervals: 95% stratified bootstrap over seeds; "
-        f"runs per (algorithm, task, lag): {n.min()}–{n.max()})",
+        f"runs per (algorithm, task, lag): {n.min() if n.min() == n.max() else f'{n.min()}–{n.max()}'})",
         "",
         "| kind | criterion | value | holds |",
         "|---|---|---|---|",
