@@ -747,8 +747,12 @@ if __name__ == "__main__":
                 mb = slice(start, start + args.minibatch_size)
                 if epoch or start:  # realign on the fly (the first minibatch has the targets computed above)
                     with torch.no_grad():
-                        log_rhos = agent.get_dist(obs).log_prob(actions).sum(-1) - logprobs
-                        v, next_v = agent.get_value(obs), agent.get_value(next_obs_buf)
+                        # Flat and normalised once (same values). V(s'_t) is V(s_{t+1}) but at the last step and episode ends.
+                        log_pi = agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1).view_as(logprobs)
+                        log_rhos = log_pi - logprobs
+                        v = agent.get_value(b_nobs, normalized=True).view_as(values)
+                        next_v = torch.cat([v[1:], agent.get_value(next_obs_buf[-1:])])
+                        next_v[dones.bool()] = agent.get_value(next_obs_buf[dones.bool()])
                         advantages, returns = vtrace(rewards, v, next_v, terminations, dones, log_rhos, *vtrace_coefs)
                     b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
                     e_advantages, e_returns = b_advantages[perm], b_returns[perm]
