@@ -978,14 +978,16 @@ def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_li
 
 
 def plot_tv(per_task, labels, lags, colors, delta, path, title):
-    """Final TV vs lag per task, mean ± 95% t-interval. IMPALA (no trust region, TV far above the others) gets
-    its own row with its own y-axis, so that it does not squash the comparison with δ/2."""
+    """Final TV vs lag per task, mean ± 95% t-interval. The runs without a trust region (IMPALA, VACO without its
+    filter: TV far above the others) get their own row with its own y-axis, so that they do not squash the
+    comparison with δ/2."""
     import matplotlib.pyplot as plt
 
     if "final_tv_mean" not in per_task or per_task["final_tv_mean"].isna().all():
         return False
     tasks = sorted(per_task["task"].unique())
-    groups = [[lab for lab in labels if not lab.startswith("impala")], [lab for lab in labels if lab.startswith("impala")]]
+    unbounded = [lab for lab in labels if lab.startswith("impala") or "nofilter" in lab]
+    groups = [[lab for lab in labels if lab not in unbounded], unbounded]
     groups = [g for g in groups if g]
     fig, axes = plt.subplots(len(groups), len(tasks), figsize=(4 * len(tasks), 3.1 * len(groups)), squeeze=False)
     for r, group in enumerate(groups):
@@ -1004,12 +1006,13 @@ def plot_tv(per_task, labels, lags, colors, delta, path, title):
                     capsize=2,
                     ms=4,
                 )
-            if any(lab.startswith("vaco") for lab in group) and np.isfinite(delta):
+            if group is not unbounded and any(lab.startswith("vaco") for lab in group) and np.isfinite(delta):
                 ax.axhline(delta / 2, ls="--", color="k", lw=0.9)
                 ax.text(len(lags) - 1, delta / 2, f" δ/2={delta / 2:g}", va="bottom", ha="right", fontsize=7)
+                ax.set_ylim(top=max(ax.get_ylim()[1], 0.6 * delta))  # room for the δ/2 label
             ax.set_ylim(bottom=0)
             _lag_axis(ax, lags)
-            ax.set_title(task + (" (IMPALA, own scale)" if group[0].startswith("impala") else ""), fontsize=9)
+            ax.set_title(task + (" (no trust region, own scale)" if group is unbounded else ""), fontsize=9)
             ax.grid(alpha=0.3)
             if c == 0:
                 ax.set_ylabel("final TV ½·mean|π/β − 1|", fontsize=8)
