@@ -58,7 +58,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """record videos of env 0 to `<run-dir>/videos` (gymnasium backend; headless needs MUJOCO_GL=egl)"""
+    """record videos of env 0 to `<run-dir>/videos` (needs --env-backend gymnasium; headless: MUJOCO_GL=egl)"""
     save_model: bool = False
     """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on SIGINT/SIGTERM"""
     eval_episodes: int = 10
@@ -75,8 +75,8 @@ class Args:
     # Environment and simulated asynchrony (docs/method.md §2)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a MuJoCo task with a continuous action space)"""
-    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
-    """vector-env implementation: gymnasium's SyncVectorEnv, or EnvPool's C++ thread pool"""
+    env_backend: Literal["envpool", "gymnasium"] = "envpool"
+    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume)"""
     env_threads: int = 0
     """EnvPool worker threads (0: one per CPU core)"""
     num_envs: int = 500
@@ -140,8 +140,10 @@ CHECKS = [
     (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("target_kl",), lambda v: v is None or v > 0, "> 0"),
 ]
-# On --resume the command line may change only these; everything else is the saved run's.
+# On --resume the command line may change only these; everything else is the saved run's. (EnvPool's results do
+# not depend on its thread count; torch's change slightly with theirs.)
 RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track", "torch_threads"}
+RESUME_MAY_CHANGE |= {"env_threads"}
 
 
 def env_spaces(env_id, env_backend):
@@ -150,7 +152,8 @@ def env_spaces(env_id, env_backend):
         import envpool
 
         if env_id not in envpool.list_all_envs():
-            raise ValueError(f"unknown env id for envpool: {env_id!r}")
+            hint = "a gymnasium id: try --env-backend gymnasium" if env_id in gym.registry else "nor in gymnasium's registry"
+            raise ValueError(f"unknown env id for envpool: {env_id!r} ({hint})")
         spec = envpool.make_spec(env_id)
         return spec.action_space, spec.observation_space
     if env_id not in gym.registry:

@@ -16,8 +16,11 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 
 MUJOCO_SCRIPTS = ["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"]
-# A tiny budget: 2 iterations of 4 envs x 64 steps, 2 epochs of 4 minibatches, no evaluation.
+# A tiny budget: 2 iterations of 4 envs x 64 steps, 2 epochs of 4 minibatches, no evaluation; on gymnasium's
+# SyncVectorEnv (exact resume, video, registered test envs; a later --env-backend overrides it).
 TINY = [
+    "--env-backend",
+    "gymnasium",
     "--env-id",
     "Hopper-v5",
     "--num-envs",

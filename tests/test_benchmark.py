@@ -1,9 +1,10 @@
 """tools/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
 
+import re
 import subprocess
 import sys
 
-from conftest import ROOT, SUBPROCESS_ENV
+from conftest import ROOT, SUBPROCESS_ENV, import_script
 
 
 def test_benchmark_prints_the_table():
@@ -39,16 +40,18 @@ def test_benchmark_prints_the_table():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    names = [row.split("|")[1].strip() for row in rows]
+    # Without --backend each revision trains on its own default backend, which the row names.
+    names = [re.sub(r"\((gymnasium|envpool)\)", "(B)", row.split("|")[1].strip()) for row in rows]
     assert names == [
         "physics limit (mujoco.rollout, 1 threads)",
         "env only: gymnasium",
         "env only: envpool",
-        "train ppo_mujoco lag 0 (gymnasium)",
-        "train ppo_mujoco lag 0 (gymnasium) at HEAD",
-        "train vaco_mujoco lag 0 (gymnasium)",
-        "train vaco_mujoco lag 0 (gymnasium) at HEAD",
+        "train ppo_mujoco lag 0 (B)",
+        "train ppo_mujoco lag 0 (B) at HEAD",
+        "train vaco_mujoco lag 0 (B)",
+        "train vaco_mujoco lag 0 (B) at HEAD",
     ]
+    assert f"({import_script('ppo_mujoco').Args().env_backend})" in rows[3]
     for row in rows:
         assert float(row.split("|")[2].replace(",", "")) > 0
     assert "1.00x PPO" in rows[3] and "x PPO" in rows[5] and "rollout" in rows[5]

@@ -57,8 +57,10 @@ BAD_INPUT = [
     (["--lag", "-1"], "--lag must be >= 0, got -1", None),
     (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide into 4 minibatches", None),
     (["--env-id", "CartPole-v1"], "only continuous (Box)", None),
-    (["--env-id", "NoSuchEnv-v9"], "unknown env id", None),
-    (["--env-id", "NoSuchEnv-v9", "--env-backend", "envpool"], "unknown env id for envpool", None),
+    (["--env-id", "CartPole-v1", "--env-backend", "gymnasium"], "only continuous (Box)", None),
+    (["--env-id", "NoSuchEnv-v9"], "unknown env id for envpool: 'NoSuchEnv-v9' (nor in gymnasium's registry)", None),
+    (["--env-id", "NoSuchEnv-v9", "--env-backend", "gymnasium"], "unknown env id: 'NoSuchEnv-v9' (not in gymnasium", None),
+    (["--env-id", "Hopper-v2"], "'Hopper-v2' (a gymnasium id: try --env-backend gymnasium)", None),
     (["--num-envs", "0"], "--num-envs must be > 0, got 0", None),
     (["--update-epochs", "0"], "--update-epochs must be > 0", None),
     (["--total-timesteps", "100"], "less than one batch", None),
@@ -77,8 +79,16 @@ BAD_INPUT = [
     (["--rho-bar", "0"], "--rho-bar must be > 0, got 0.0", {"vaco_mujoco", "impala_mujoco"}),
     (["--c-bar", "-1"], "--c-bar must be > 0, got -1.0", {"vaco_mujoco", "impala_mujoco"}),
     (["--c-bar", "0"], "--c-bar must be > 0, got 0.0", {"vaco_mujoco", "impala_mujoco"}),
-    (["--env-id", "Hopper-v2"], "Hopper-v2 cannot be built: ImportError: The mujoco v2 and v3 based environments", None),
-    (["--env-id", "CarRacing-v3"], "CarRacing-v3 cannot be built: DependencyNotInstalled: Box2D is not installed", None),
+    (
+        ["--env-id", "Hopper-v2", "--env-backend", "gymnasium"],
+        "Hopper-v2 cannot be built: ImportError: The mujoco v2 and v3 based environments",
+        None,
+    ),
+    (
+        ["--env-id", "CarRacing-v3", "--env-backend", "gymnasium"],
+        "CarRacing-v3 cannot be built: DependencyNotInstalled: Box2D is not installed",
+        None,
+    ),
     (["--num-envs", "1", "--num-steps", "32"], "a minibatch of 1 sample cannot be normalised (--norm-adv)", None),
     (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
     (["--num-envs", "1000000", "--num-steps", "100"], "1000000 x 100 steps need ~", None),
@@ -359,8 +369,8 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--lag", "3", "--gamma", "0.9"])
     assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change lag, gamma\n"
-    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--total-timesteps", "512"])
-    assert args.save_model and args.num_envs == 4 and args.resume  # the saved arguments, plus a safe change
+    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--env-threads", "2"])
+    assert args.save_model and args.env_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
     # --overwrite replaces the run: nothing of the first one is left.
     first_events = set(tmp_path.glob("events.out.tfevents.*"))
     run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)

@@ -1,5 +1,6 @@
 """Unit tests of ppo_mujoco.py's estimators, losses and building blocks against independent computations."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -116,3 +117,37 @@ def test_env_backends_terminations(backend):
     assert len(lengths) >= 2 and all(not truncated for _, truncated in lengths)
     for next_obs, _ in ends:  # a fresh Hopper episode starts near the initial pose (height 1.25)
         assert abs(next_obs[0] - 1.25) < 0.02
+
+
+def test_envpool_results_do_not_depend_on_its_thread_count():
+    # --env-threads may change on --resume because of this.
+    pytest.importorskip("envpool")
+    actions = np.random.default_rng(0).uniform(-1, 1, (120, 4, 3)).astype(np.float32)
+    streams = []
+    for threads in (1, 3):
+        envs = ppo.EnvPoolEnvs("Hopper-v5", 4, seed=5, num_threads=threads)
+        streams.append([envs.reset()] + [x for a in actions for x in envs.step(a)])
+        envs.close()
+    assert len(streams[0]) == len(streams[1])
+    for x, y in zip(*streams):
+        np.testing.assert_array_equal(x, y)
+
+
+V5_TASKS = ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5", "HumanoidStandup-v5"]
+V5_TASKS += ["Swimmer-v5", "Reacher-v5", "Pusher-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5"]
+
+
+@pytest.mark.parametrize("env_id", V5_TASKS)
+def test_envpool_default_has_gymnasiums_spaces_time_limit_and_frame_skip(env_id):
+    # EnvPool is the default backend because it is gymnasium's task in C++: what the agent sees and how long
+    # an episode and a step are must match on every -v5 task (the dynamics are compared on Hopper-v5 in
+    # tools/backend_equivalence.py).
+    envpool = pytest.importorskip("envpool")
+    spec, env = envpool.make_spec(env_id), gym.make(env_id)
+    assert spec.observation_space.shape == env.observation_space.shape
+    assert spec.action_space.shape == env.action_space.shape
+    np.testing.assert_allclose(spec.action_space.low, env.action_space.low, rtol=1e-6)  # float64 vs float32
+    np.testing.assert_allclose(spec.action_space.high, env.action_space.high, rtol=1e-6)
+    assert spec.config.max_episode_steps == env.spec.max_episode_steps
+    assert spec.config.frame_skip == env.unwrapped.frame_skip
+    env.close()

@@ -787,6 +787,16 @@ def test_sources_legacy_and_run_folders(tmp_path):
     assert (r["algo"], r["lag"], r["finished"], r["scalars"]) == ("vaco", 4, False, {"step": []})
 
 
+def test_mixed_env_backends_are_flagged(tmp_path):
+    for name, backend in (("a", "gymnasium"), ("b", "envpool"), ("c", None)):
+        args = {"exp_name": "ppo_mujoco", "env_id": "Hopper-v5", "seed": 1, **({"env_backend": backend} if backend else {})}
+        aggregate.write_record(aggregate.make_record(name, args, {}, {}, []), tmp_path / name / "r.json.gz")
+    for folders, expected in ((["a", "c"], []), (["b"], []), (["a", "b", "c"], ["envpool, gymnasium"])):
+        logged = []
+        aggregate.collect_records([tmp_path / f for f in folders], log=logged.append)
+        assert [m.split("(")[1].split(")")[0] for m in logged if "backends" in m] == expected
+
+
 def test_cli_defaults_stay_out_of_tracked_folders():
     assert aggregate.DEFAULT_OUT == "runs/aggregate" and "runs/" in (REPO / ".gitignore").read_text().split()
     assert [p.relative_to(REPO).as_posix() for p in aggregate.DEFAULT_SOURCES] == [

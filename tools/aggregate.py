@@ -298,6 +298,10 @@ def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
         (kept if include_unfinished or r["finished"] else unfinished).append(r)
     if unfinished:
         log(f"note: {len(unfinished)} unfinished run(s) left out, e.g. {unfinished[0]['name']}")
+    # Runs older than the EnvPool default ran on gymnasium and may not name a backend.
+    backends = sorted({(r.get("args") or {}).get("env_backend", "gymnasium") for r in kept})
+    if len(backends) > 1:
+        log(f"warning: the runs used different env backends ({', '.join(backends)}); compare algorithms within one")
     return kept
 
 

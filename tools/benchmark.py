@@ -97,8 +97,7 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root
             str(root / f"{script}.py"),
             "--env-id",
             env_id,
-            "--env-backend",
-            backend,
+            *(["--env-backend", backend] if backend else []),
             "--num-envs",
             str(num_envs),
             "--num-steps",
@@ -117,6 +116,7 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root
         if proc.returncode:
             raise SystemExit(f"{script} failed:\n{proc.stderr[-2000:]}")
         summary = json.loads(Path(run_dir, "summary.json").read_text())
+        summary["env_backend"] = json.loads(Path(run_dir, "args.json").read_text())["env_backend"]
     steps = summary["global_step"]
     return steps / (summary["rollout_seconds"] + summary["update_seconds"]), summary
 
@@ -134,7 +134,9 @@ def main():
     parser.add_argument("--iterations", type=int, default=8, help="training iterations per script and lag")
     parser.add_argument("--env-steps", type=int, default=2000, help="vector steps for the env-only measurements")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for EnvPool and the physics limit")
-    parser.add_argument("--backend", default="gymnasium", choices=["gymnasium", "envpool"], help="backend for training")
+    parser.add_argument(
+        "--backend", choices=["gymnasium", "envpool"], help="backend for training (default: each revision's own default)"
+    )
     parser.add_argument("--scripts", nargs="+", default=["ppo_mujoco", "vaco_mujoco", "spo_mujoco", "impala_mujoco"])
     parser.add_argument("--lags", nargs="+", type=int, default=[0, 8])
     parser.add_argument("--baseline-rev", help="also train the scripts at this git revision, interleaved, for a speed-up")
@@ -170,7 +172,7 @@ def run(args, baseline):
             ppo_sps.setdefault(lag, sps) if script == "ppo_mujoco" else None
             ratio = f"{sps / ppo_sps[lag]:.2f}x PPO" if lag in ppo_sps else ""
             split = f"rollout {s['rollout_seconds']:.1f}s / update {s['update_seconds']:.1f}s"
-            rows.append((f"train {script} lag {lag} ({args.backend})", sps, split, ratio))
+            rows.append((f"train {script} lag {lag} ({s['env_backend']})", sps, split, ratio))
             if baseline is not None:
                 base_sps, b = median_run(baseline_runs)
                 split = f"rollout {b['rollout_seconds']:.1f}s / update {b['update_seconds']:.1f}s"
@@ -179,7 +181,9 @@ def run(args, baseline):
                     if args.repeats > 1
                     else ""
                 )
-                rows.append((f"train {script} lag {lag} ({args.backend}) at {args.baseline_rev}", base_sps, split, speedup))
+                rows.append(
+                    (f"train {script} lag {lag} ({b['env_backend']}) at {args.baseline_rev}", base_sps, split, speedup)
+                )
 
     print(f"\n{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores")
     print("| what | env-steps/s | of physics limit | of 1-thread limit | time split | vs PPO |")

@@ -1,6 +1,7 @@
 """Throughput of ppo_mujoco.py against Stable-Baselines3 PPO at CleanRL's shape, as one command.
 
-Both train the same task with the same hyperparameters: one env, 2048-step rollouts, 10 epochs of 64-sample
+Both train the same task, gymnasium's Hopper-v5 (ppo_mujoco.py with `--env-backend gymnasium`: the same env code
+as SB3's), with the same hyperparameters: one env, 2048-step rollouts, 10 epochs of 64-sample
 minibatches, learning rate 3e-4 annealed linearly to 0, gamma 0.99, GAE lambda 0.95, clip 0.2 (policy and value),
 no entropy bonus, value coefficient 0.5, gradient norm 0.5, observation and reward normalisation, separate
 64-64 tanh actor and critic with orthogonal initialisation and a state-independent log-std starting at 0.
@@ -69,7 +70,7 @@ def run_ours(python, env_id, total_timesteps, seed):
     less that of a one-rollout run (start-up, env construction), over the steps of the other rollouts."""
     with tempfile.TemporaryDirectory() as folder:
         cmd = [python, str(ROOT / "ppo_mujoco.py"), "--env-id", env_id, "--num-envs", "1", "--num-steps", "2048"]
-        cmd += ["--seed", str(seed), "--eval-episodes", "0"]
+        cmd += ["--seed", str(seed), "--eval-episodes", "0", "--env-backend", "gymnasium"]
         cpu = []
         for name, steps in (("full", total_timesteps), ("one-rollout", 2048)):
             run_dir = os.path.join(folder, name)  # a fresh run folder per run: the script refuses a used one

@@ -21,7 +21,7 @@ script gets `--resume`). `--max-runs N` starts at most N runs; `--time-budget` s
 finish within the budget (judged by the runs finished so far); both leave the rest for the next call.
 
 Tiers (`--tier`, the evidence grid; every run `--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode
-uniform`, 500k steps, records in results/records/tier{N}, run folders in runs/tier{N}):
+uniform --env-backend gymnasium`, 500k steps, records in results/records/tier{N}, run folders in runs/tier{N}):
   1: ppo, vaco x Hopper-v5, Walker2d-v5 x lags 0, 4, 8 x seeds 1-10 (120 runs)
   2: vaco-norealign, vaco-nofilter x both tasks x lag 8 x seeds 1-10 (40 runs)
   3: spo, impala x both tasks x lags 0, 8 x seeds 1-5 (40 runs)
@@ -32,8 +32,8 @@ Order: seed-major (all runs of seed 1, then seed 2, ...; with several tiers, see
 within a seed the lowest and highest lag first, then the others, tasks and algorithms interleaved: a grid
 stopped part-way has complete comparisons for the first seeds rather than one algorithm for all seeds.
 
-Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1` and `--torch-threads 1`, so `--workers N` uses about
-N cores.
+Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1`, `--torch-threads 1` and `--env-threads 1` (EnvPool's
+worker threads), so `--workers N` uses about N cores.
 
 Algorithm labels (`--algos`); the label becomes the run's `--exp-name`, which `tools/aggregate.py` uses to
 group runs:
@@ -89,7 +89,9 @@ TIERS = {
     3: {"algos": ["spo", "impala"], "envs": TASKS, "lags": [0, 8], "seeds": list(range(1, 6))},
 }
 TIER_TIMESTEPS = 500_000
+# The committed records were made with gymnasium's SyncVectorEnv (the scripts' default then): a rerun stays on it.
 TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", "--lag-mode", "uniform"]
+TIER_FLAGS += ["--env-backend", "gymnasium"]
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -190,7 +192,7 @@ def grid_runs(opts, algos, envs, lags, seeds, total_timesteps, extra, out, recor
                             cmd += ["--lag-mode", mode]
                         if total_timesteps is not None:
                             cmd += ["--total-timesteps", str(total_timesteps)]
-                        cmd += ["--torch-threads", "1", "--run-dir", str(run_dir)]
+                        cmd += ["--torch-threads", "1", "--env-threads", "1", "--run-dir", str(run_dir)]
                         cmd += v.flags + list(extra)
                         record = Path(records) / f"{run_dir.name}.json.gz" if records else None
                         runs.append(Run(v, env, lag, mode, seed, run_dir, cmd, record))
