@@ -12,8 +12,10 @@ cost VACO's one-time realignment avoids.
 Usage: python impala_mujoco.py --env-id Hopper-v5 --lag 4
 """
 
+import contextlib
 import copy
 import dataclasses
+import io
 import json
 import os
 import re
@@ -78,8 +80,9 @@ class Args:
     # Environment and simulated asynchrony (docs/method.md §2)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a MuJoCo task with a continuous action space)"""
-    env_backend: Literal["envpool", "gymnasium"] = "envpool"
-    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume)"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume); auto:
+    EnvPool from 8 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
     env_threads: int = 0
     """EnvPool worker threads (0: one per CPU core)"""
     num_envs: int = 500
@@ -138,20 +141,33 @@ class Args:
         return self.total_timesteps // self.batch_size
 
 
-# Every numeric flag by its meaning: (flags, rule, what the rule says). NaN fails every rule.
+# Every numeric flag by its meaning: (flags, rule, what the rule says). NaN fails every rule. The upper bounds are
+# what the libraries take (EnvPool's seed and torch's thread count are C ints), not what is useful.
 CHECKS = [
-    (("seed", "lag", "eval_episodes", "env_threads", "checkpoint_every", "ent_coef", "vf_coef"), lambda v: v >= 0, ">= 0"),
+    (("seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("lag",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("eval_episodes", "checkpoint_every"), lambda v: v >= 0, ">= 0"),
+    (("ent_coef", "vf_coef"), lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
     (("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
-    (("torch_threads",), lambda v: v > 0, "> 0"),
+    (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
+    (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
     (("learning_rate", "clip_coef", "max_grad_norm"), lambda v: 0 < v < float("inf"), "a positive number"),
     (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("target_kl",), lambda v: v is None or v > 0, "> 0"),
 ]
 CHECKS += [(("rho_bar", "c_bar"), lambda v: v > 0, "> 0")]
-# On --resume the command line may change only these; everything else is the saved run's. (EnvPool's results do
-# not depend on its thread count; torch's change slightly with theirs.)
+# On --resume the command line may change only these; everything else is the saved run's. The run folder is where
+# the run is now (it may have been moved). EnvPool's results do not depend on its thread count; torch's change
+# slightly with theirs.
 RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track", "torch_threads"}
-RESUME_MAY_CHANGE |= {"env_threads"}
+RESUME_MAY_CHANGE |= {"env_threads", "run_dir"}
+# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's SyncVectorEnv is faster
+# (README, Throughput: Hopper-v5 at CleanRL's shape).
+ENVPOOL_FROM_NUM_ENVS = 8
+# What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
+CHECKPOINT_KEYS = set(
+    "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
+)
 
 
 def env_spaces(env_id, env_backend):
@@ -195,6 +211,11 @@ def check_args(args: Args) -> None:
         raise ValueError(f"{args.env_id} has a {type(action_space).__name__} action space; only continuous (Box) is supported")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
+    if args.eval_episodes and args.env_backend == "envpool":
+        try:  # evaluate() runs on gymnasium, which may lack an id that EnvPool has (e.g. the -v3 tasks)
+            env_spaces(args.env_id, "gymnasium")
+        except ValueError as e:
+            raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
     # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
     need = 4 * args.batch_size * (6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160) + args.num_envs * 2**21
     meminfo = re.search(r"MemAvailable:\s+(\d+)", open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else "")
@@ -215,8 +236,10 @@ def check_args(args: Args) -> None:
             raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
-    if args.resume and not os.path.exists(f"{args.run_dir}/checkpoint.pt"):
-        raise ValueError(f"--resume needs a --run-dir that holds a checkpoint.pt (got {args.run_dir})")
+    if args.resume and not args.run_dir:
+        raise ValueError("--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)")
+    if args.resume and not os.path.exists(f"{args.run_dir}/args.json"):
+        raise ValueError(f"--resume: {args.run_dir} holds no run (no args.json)")
     if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
         raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
     parent = os.path.abspath(args.run_dir or "runs")
@@ -224,6 +247,54 @@ def check_args(args: Args) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ValueError(f"--run-dir {args.run_dir}: {parent} is not a writable folder")
+
+
+def tyro_cli(argv, default=None):
+    """tyro.cli on Args, its boxed error message folded into a one-line ValueError (--help prints as usual)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(Args, args=argv, default=default)
+    except SystemExit as e:
+        if not e.code:
+            sys.stderr.write(captured.getvalue())
+            raise
+        # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
+        lines = [re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", line).strip() for line in captured.getvalue().splitlines()]
+        title = next((i for i, line in enumerate(lines) if line), len(lines))
+        body = lines[title + 1 :]
+        text = " ".join(body[: body.index("")] if "" in body else body)
+        raise ValueError(text or "cannot parse the command line (see --help)")
+
+
+def choose_backend(args):
+    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, gymnasium below it,
+    for a task EnvPool lacks, and for video."""
+    import envpool
+
+    many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
+    return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
+
+
+def read_checkpoint(run_dir):
+    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read. checkpoint.prev.pt (the
+    one before) is taken only where checkpoint.pt is missing: a crash between save_checkpoint's two renames."""
+    path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
+    if not os.path.exists(path):
+        if not os.path.exists(previous):
+            return None
+        path = previous
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, empty, not a torch file: UnpicklingError, RuntimeError, EOFError, ...
+        state = e
+    if isinstance(state, dict) and CHECKPOINT_KEYS <= set(state):
+        return state
+    why = type(state).__name__ if isinstance(state, Exception) else "not a checkpoint of this script"
+    hint = "--overwrite starts the run afresh"
+    if path != previous and os.path.exists(previous):
+        hint = "the one before is checkpoint.prev.pt: rename it to checkpoint.pt to resume from there"
+    raise ValueError(f"{path} is damaged ({why}); {hint}")
 
 
 def parse_args(argv=None) -> Args:
@@ -235,17 +306,25 @@ def parse_args(argv=None) -> Args:
         m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
         if m and m.group(1).replace("-", "_") in bool_fields:
             argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
-    args = tyro.cli(Args, args=argv)
     try:
-        if args.resume and os.path.exists(f"{args.run_dir}/args.json"):
+        args = tyro_cli(argv)
+        saved_args = f"{args.run_dir}/args.json"
+        if args.resume and args.run_dir and os.path.exists(saved_args):
             # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
-            with open(f"{args.run_dir}/args.json") as f:
-                saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
-            args = tyro.cli(Args, args=argv, default=saved)
+            try:
+                with open(saved_args) as f:
+                    saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
+            except (OSError, ValueError, TypeError) as e:
+                raise ValueError(f"{saved_args} cannot be read ({type(e).__name__}: {str(e)[:100]})")
+            args = tyro_cli(argv, default=saved)
             changed = [k for k, v in dataclasses.asdict(saved).items() if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
             if changed:
                 raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
+        if args.env_backend == "auto":
+            args = dataclasses.replace(args, env_backend=choose_backend(args))
         check_args(args)
+        if args.resume:
+            read_checkpoint(args.run_dir)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -259,8 +338,8 @@ def prepare_run_dir(args, run_name):
         if args.overwrite and os.path.exists(f"{run_dir}/args.json"):
             shutil.rmtree(run_dir)
         os.makedirs(run_dir, exist_ok=True)
-        with open(f"{run_dir}/args.json", "w") as f:
-            json.dump(dataclasses.asdict(args), f, indent=2)
+        with open(f"{run_dir}/args.json", "w") as f:  # the folder it is in, not how it was spelled
+            json.dump(dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))), f, indent=2)
     except OSError as e:
         print(f"error: cannot write the run folder {run_dir}: {e.strerror}", file=sys.stderr)
         raise SystemExit(2)
@@ -552,8 +631,9 @@ def stop_on_signals():
     return received
 
 
-def save_checkpoint(path, agent, optimizer, policy_buffer, return_rms, rng, **values):
-    """Everything the rest of the run depends on, written atomically: a crash while writing keeps the previous one."""
+def save_checkpoint(run_dir, agent, optimizer, policy_buffer, return_rms, rng, **values):
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt. Written to a temporary file first;
+    the checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
     state = {
         "agent": agent.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -564,7 +644,13 @@ def save_checkpoint(path, agent, optimizer, policy_buffer, return_rms, rng, **va
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         **values,
     }
-    torch.save(state, f"{path}.tmp")
+    path = f"{run_dir}/checkpoint.pt"
+    with open(f"{path}.tmp", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
+    if os.path.exists(path):
+        os.replace(path, f"{run_dir}/checkpoint.prev.pt")
     os.replace(f"{path}.tmp", path)
 
 
@@ -586,7 +672,9 @@ if __name__ == "__main__":
     args = parse_args()
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = prepare_run_dir(args, run_name)
-    checkpoint = torch.load(f"{run_dir}/checkpoint.pt", weights_only=True) if args.resume else None
+    checkpoint = read_checkpoint(run_dir) if args.resume else None
+    if args.resume and checkpoint is None:
+        print("no checkpoint yet: the run starts afresh with its saved arguments", flush=True)
     stop = stop_on_signals()
     if args.track:
         import wandb
@@ -599,11 +687,12 @@ if __name__ == "__main__":
             config=dataclasses.asdict(args),
             name=run_name,
             save_code=True,
-            id=checkpoint and checkpoint["wandb_id"],
+            id=checkpoint["wandb_id"] if checkpoint else None,
             resume="allow",
         )
-    # On resume, TensorBoard drops what a killed run logged after its last checkpoint.
-    writer = SummaryWriter(run_dir, purge_step=checkpoint and checkpoint["progress"][0] + 1)
+    # On resume, TensorBoard drops what a killed run logged after its last checkpoint (all of it, if it had none).
+    purge_step = checkpoint["progress"][0] + 1 if checkpoint else (0 if args.resume else None)
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()])),
@@ -839,7 +928,7 @@ if __name__ == "__main__":
             extra = dict(
                 envs=envs.get_state(), episodes=episodes, progress=progress, wandb_id=wandb.run.id if args.track else None
             )
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, policy_buffer, return_rms, rng, **extra)
+            save_checkpoint(run_dir, agent, optimizer, policy_buffer, return_rms, rng, **extra)
         if stop:
             break
 

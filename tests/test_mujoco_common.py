@@ -3,8 +3,10 @@
 Every test here runs for each script that exists, so a common part that drifts in one script fails."""
 
 import ast
+import dataclasses
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,13 +56,14 @@ SCRIPT_KEYS = {
 
 # (argv, the error line's expected text, the scripts it applies to: None for all)
 BAD_INPUT = [
-    (["--lag", "-1"], "--lag must be >= 0, got -1", None),
+    (["--lag", "-1"], "--lag must be in [0, 2**31), got -1", None),
     (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide into 4 minibatches", None),
     (["--env-id", "CartPole-v1"], "only continuous (Box)", None),
     (["--env-id", "CartPole-v1", "--env-backend", "gymnasium"], "only continuous (Box)", None),
-    (["--env-id", "NoSuchEnv-v9"], "unknown env id for envpool: 'NoSuchEnv-v9' (nor in gymnasium's registry)", None),
-    (["--env-id", "NoSuchEnv-v9", "--env-backend", "gymnasium"], "unknown env id: 'NoSuchEnv-v9' (not in gymnasium", None),
-    (["--env-id", "Hopper-v2"], "'Hopper-v2' (a gymnasium id: try --env-backend gymnasium)", None),
+    (["--env-id", "NoSuchEnv-v9", "--env-backend", "envpool"], "envpool: 'NoSuchEnv-v9' (nor in gymnasium's registry)", None),
+    (["--env-id", "NoSuchEnv-v9"], "unknown env id: 'NoSuchEnv-v9' (not in gymnasium", None),
+    (["--env-id", "Hopper-v2", "--env-backend", "envpool"], "'Hopper-v2' (a gymnasium id: try --env-backend gymnasium)", None),
+    (["--env-id", "Hopper-v2"], "Hopper-v2 cannot be built: ImportError", None),  # auto: EnvPool lacks it
     (["--num-envs", "0"], "--num-envs must be > 0, got 0", None),
     (["--update-epochs", "0"], "--update-epochs must be > 0", None),
     (["--total-timesteps", "100"], "less than one batch", None),
@@ -72,7 +75,20 @@ BAD_INPUT = [
     (["--clip-coef", "0"], "--clip-coef must be a positive number, got 0.0", None),
     (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0", None),
     (["--target-kl", "-1"], "--target-kl must be > 0, got -1.0", None),
-    (["--seed", "-1"], "--seed must be >= 0, got -1", None),
+    (["--seed", "-1"], "--seed must be in [0, 2**31), got -1", None),
+    (["--seed", str(2**64)], f"--seed must be in [0, 2**31), got {2**64}", None),
+    (["--seed", str(2**31)], f"--seed must be in [0, 2**31), got {2**31}", None),  # EnvPool's seed is an int32
+    (["--lag", str(10**20)], f"--lag must be in [0, 2**31), got {10**20}", None),
+    (["--torch-threads", str(2**31)], f"--torch-threads must be in [1, 1024], got {2**31}", None),
+    (["--env-threads", "-1"], "--env-threads must be in [0, 1024], got -1", None),
+    (["--vf-coef", "inf"], "--vf-coef must be a finite number >= 0, got inf", None),
+    (["--ent-coef", "inf"], "--ent-coef must be a finite number >= 0, got inf", None),
+    (["--lag-mode", "bogus"], "invalid choice 'bogus' for argument '--lag-mode'. Expected one of ('uniform', 'fixed').", None),
+    (["--num-envs", "abc"], "Error parsing --num-envs: invalid literal for int() with base 10: 'abc'", None),
+    (["--no-such-flag", "3"], "Unrecognized options: --no-such-flag, 3", None),
+    (["--lag"], "Missing value for argument '--lag'. Expected 1 values.", None),
+    (["--env-id", "Ant-v3"], "the evaluation runs on gymnasium: Ant-v3 cannot be built: ImportError", None),
+    (["--resume"], "--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)", None),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1", None),
     (["--tv-threshold", "-1"], "--tv-threshold must be > 0, got -1.0", {"vaco_mujoco"}),
     (["--tv-threshold", "0"], "--tv-threshold must be > 0, got 0.0", {"vaco_mujoco"}),
@@ -93,11 +109,7 @@ BAD_INPUT = [
     (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
     (["--num-envs", "1000000", "--num-steps", "100"], "1000000 x 100 steps need ~", None),
     (["--run-dir", "/etc/hostname/run"], "--run-dir /etc/hostname/run: /etc/hostname is not a writable folder", None),
-    (
-        ["--resume", "--run-dir", "/nonexistent/run"],
-        "--resume needs a --run-dir that holds a checkpoint.pt (got /nonexistent/run)",
-        None,
-    ),
+    (["--resume", "--run-dir", "/nonexistent/run"], "--resume: /nonexistent/run holds no run (no args.json)", None),
 ]
 
 
@@ -136,11 +148,18 @@ def test_existing_run_is_refused_unless_resume_or_overwrite(script, tmp_path, ca
 @pytest.mark.parametrize(
     "argv,env,message",
     [
-        (["--lag=-3"], {}, r"error: --lag must be >= 0, got -3\n"),
+        (["--lag=-3"], {}, r"error: --lag must be in \[0, 2\*\*31\), got -3\n"),
         (["--run-dir", "/proc/x/run"], {}, r"error: .*/proc.*\n"),  # as root: caught when the folder is made
         (["--capture-video"], {"MUJOCO_GL": None, "DISPLAY": None}, r"error: --capture-video: no OpenGL renderer .*\n"),
+        (["--lag-mode", "bogus"], {}, r"error: invalid choice 'bogus' for argument '--lag-mode'\. .*\n"),
+        (["--seed", str(2**64)], {}, r"error: --seed must be in \[0, 2\*\*31\), got \d+\n"),
+        (
+            ["--env-id", "Ant-v3", "--env-backend", "envpool", "--eval-episodes", "1"],
+            {},
+            r"error: the evaluation runs on gymnasium: .*\n",
+        ),
     ],
-    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer"],
+    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer", "tyro-error", "huge-seed", "eval-env"],
 )
 @pytest.mark.parametrize("script", existing_scripts())
 def test_bad_input_exits_before_work_in_a_subprocess(script, argv, env, message, tmp_path):
@@ -192,6 +211,11 @@ def test_common_code_is_identical_across_scripts():
         "save_checkpoint",
         "load_checkpoint",
         "scale_rewards",
+        "tyro_cli",
+        "choose_backend",
+        "read_checkpoint",
+        "ENVPOOL_FROM_NUM_ENVS",
+        "CHECKPOINT_KEYS",
     }
     sources = {}
     for script in MUJOCO_SCRIPTS:
@@ -375,6 +399,88 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     first_events = set(tmp_path.glob("events.out.tfevents.*"))
     run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)
     assert not first_events & set(tmp_path.glob("events.out.tfevents.*")) and not (tmp_path / "checkpoint.pt").exists()
+
+
+def run_from(cwd, script, *args):
+    """`python <script>.py args...` from the folder cwd (the run folder's default is relative to it)."""
+    command = [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_resume_finds_the_run_wherever_it_is(script, tmp_path):
+    """A run in the default folder resumes with the README's command, by any spelling of its folder and from a copy
+    elsewhere; a run folder without a checkpoint starts afresh with its saved arguments."""
+    first = run_from(tmp_path, script, *TINY, "--checkpoint-every", "1")
+    assert first.returncode == 0, first.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "args.json").read_text())["run_dir"] == str(run)
+    # The checkpoint before the last is kept: back to it, the resumed run has its second iteration to do.
+    iterations = [torch.load(run / f, weights_only=True)["progress"][1] for f in ("checkpoint.prev.pt", "checkpoint.pt")]
+    assert iterations == [1, 2]
+    shutil.copy(run / "checkpoint.prev.pt", run / "checkpoint.pt")
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(run, copy)
+    for cwd, folder in [(tmp_path, f"runs/{run.name}/"), (tmp_path / "elsewhere", copy)]:
+        resumed = run_from(cwd, script, "--resume", "--run-dir", folder)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "[2/2]" in resumed.stdout and "[1/2]" not in resumed.stdout, resumed.stdout
+    for checkpoint in copy.glob("checkpoint*.pt"):
+        checkpoint.unlink()
+    restarted = run_from(tmp_path, script, "--resume", "--run-dir", copy)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "no checkpoint yet: the run starts afresh" in restarted.stdout and "[1/2]" in restarted.stdout
+    assert json.loads((copy / "summary.json").read_text())["global_step"] == 512
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "not-a-checkpoint"])
+@pytest.mark.parametrize("script", existing_scripts())
+def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
+    module = import_script(script)
+    args = module.parse_args([*TINY, "--run-dir", str(tmp_path)])
+    (tmp_path / "args.json").write_text(json.dumps(dataclasses.asdict(args)))
+    torch.save({key: torch.zeros(100) for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.pt")
+    torch.save({"agent": {}}, tmp_path / "other.pt")
+    damaged = {
+        "garbage": b"not a checkpoint\n",
+        "empty": b"",
+        "truncated": (tmp_path / "checkpoint.pt").read_bytes()[:300],
+        "not-a-checkpoint": (tmp_path / "other.pt").read_bytes(),
+    }[damage]
+    (tmp_path / "checkpoint.pt").write_bytes(damaged)
+    for previous, hint in [(False, "--overwrite starts the run afresh"), (True, "rename it to checkpoint.pt")]:
+        if previous:
+            (tmp_path / "checkpoint.prev.pt").write_bytes(b"kept")
+        with pytest.raises(SystemExit) as exc:
+            module.parse_args(["--resume", "--run-dir", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: {tmp_path}/checkpoint.pt is damaged (") and hint in err, err
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_read_checkpoint_takes_the_previous_only_where_the_last_is_missing(script, tmp_path):
+    module = import_script(script)
+    assert module.read_checkpoint(tmp_path) is None
+    torch.save({key: "previous" for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.prev.pt")
+    assert module.read_checkpoint(tmp_path)["agent"] == "previous"  # a crash between the two renames
+    torch.save({key: "last" for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.pt")
+    assert module.read_checkpoint(tmp_path)["agent"] == "last"
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_auto_backend_is_gymnasium_for_few_envs_and_envpool_for_many(script):
+    module = import_script(script)
+    shape = ["--env-id", "Hopper-v5", "--num-steps", "64", "--total-timesteps", "100000"]
+    few, many = module.ENVPOOL_FROM_NUM_ENVS - 1, module.ENVPOOL_FROM_NUM_ENVS
+    assert module.parse_args([*shape, "--num-envs", str(few)]).env_backend == "gymnasium"
+    assert module.parse_args([*shape, "--num-envs", str(many)]).env_backend == "envpool"
+    assert module.parse_args([*shape, "--num-envs", "1", "--env-backend", "envpool"]).env_backend == "envpool"
+    # EnvPool has Ant-v3, gymnasium does not: it trains on EnvPool where no evaluation needs gymnasium.
+    assert module.parse_args(["--env-id", "Ant-v3", "--eval-episodes", "0"]).env_backend == "envpool"
+    args = module.Args(num_envs=many)
+    assert module.choose_backend(dataclasses.replace(args, env_id="Hopper-v2")) == "gymnasium"  # EnvPool lacks it
+    assert module.choose_backend(dataclasses.replace(args, capture_video=True)) == "gymnasium"
 
 
 def test_capture_video_headless(tmp_path):
