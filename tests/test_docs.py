@@ -1,8 +1,13 @@
-"""The repository's spec, docs/method.md: every `§N` / `§N.M` reference points at one of its headings, and no file
-points outside the repository."""
+"""The documentation: every `§N` / `§N.M` reference points at a heading of the spec (docs/method.md), no file points
+outside the repository, every relative link of the README and the site's pages resolves, the README stays one page
+and quotes the current diff counts and CI's test command, and the site builds with `mkdocs build --strict`."""
 
+import importlib.util
+import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +123,117 @@ def test_forbidden_mentions_are_found():
     outside = f"see the {hits[0]}, or {hits[1]}/docs, or {hits[2]}main/x.py"
     assert [hit for _, hit in forbidden_mentions(outside)] == hits
     assert forbidden_mentions("runs/x, ./work/y, network/work/z, `../` in code") == []
+
+
+# ---- The README and the site's pages ----
+
+README = ROOT / "README.md"
+README_MAX_LINES = 220
+# A markdown link or image, `[text](target)` / `![alt](target)`, with an optional title after the target.
+LINK_RE = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE_RE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+CODE_SPAN_RE = re.compile(r"`[^`\n]*`")
+DIFF_COUNT_RE = re.compile(
+    r"`diff ppo_mujoco\.py (\w+)\.py`(?: is)? (\d+) lines\s+\((\d+) (?:of PPO's )?removed, (\d+) added\)"
+)
+
+
+def documentation_pages():
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def relative_links(text):
+    """(line number, target) of every link in `text` outside code, except web, mail and same-page links."""
+    text = FENCE_RE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    text = CODE_SPAN_RE.sub(lambda m: " " * len(m.group(0)), text)
+    return [
+        (text.count("\n", 0, m.start()) + 1, m.group(1))
+        for m in LINK_RE.finditer(text)
+        if not re.match(r"[a-z][a-z0-9+.-]*:", m.group(1)) and not m.group(1).startswith("#")
+    ]
+
+
+def heading_anchors(text):
+    """The anchors GitHub and mkdocs give the headings of a markdown file (lowercase; punctuation dropped)."""
+    text = FENCE_RE.sub("", text)
+    headings = re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*#*$", text, flags=re.MULTILINE)
+    return {re.sub(r"[ \t]+", "-", re.sub(r"[^\w\- \t]", "", h.replace("`", "")).strip().lower()) for h in headings}
+
+
+def broken_link(page, target, root=ROOT):
+    """Why `target`, linked from `page`, does not resolve within `root`, or None."""
+    path, _, anchor = target.partition("#")
+    resolved = (page.parent / path).resolve()
+    if not resolved.exists():
+        return "no such file"
+    if root.resolve() not in [resolved, *resolved.parents]:
+        return "outside the repository"
+    if anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text(encoding="utf-8")):
+        return f"no heading #{anchor}"
+    return None
+
+
+def test_every_relative_link_resolves():
+    problems, links = [], 0
+    for page in documentation_pages():
+        for line, target in relative_links(page.read_text(encoding="utf-8")):
+            links += 1
+            why = broken_link(page, target)
+            if why:
+                problems.append(f"{page.relative_to(ROOT)}:{line}: {target} ({why})")
+    assert links > 20, "hardly any links found: the scan is broken"
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_link_scan_finds_and_judges_links(tmp_path):
+    text = 'See [a](b.md#two), ![fig](../x.png "t"), [web](https://e.org), [top](#one).\n`[no](code.md)`\n```\n[no](x)\n```\n'
+    assert relative_links(text) == [(1, "b.md#two"), (1, "../x.png")]
+    (tmp_path / "b.md").write_text("# One\n## 2. Two `things`\n")
+    page = tmp_path / "a.md"
+    assert heading_anchors((tmp_path / "b.md").read_text()) == {"one", "2-two-things"}
+    assert broken_link(page, "b.md#2-two-things", root=tmp_path) is None
+    assert broken_link(page, "b.md#three", root=tmp_path) == "no heading #three"
+    assert broken_link(page, "c.md", root=tmp_path) == "no such file"
+    assert broken_link(page, "b.md", root=tmp_path / "sub") == "outside the repository"
+
+
+def test_readme_is_one_page():
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; the depth belongs on the site (docs/)"
+
+
+def test_readme_runs_the_tests_as_ci_does():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    (command,) = [line for line in ci.splitlines() if "pytest" in line]
+    assert command in README.read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.skipif(shutil.which("diff") is None, reason="needs diff")
+def test_quoted_diff_counts_are_current():
+    quoted = []
+    for page in documentation_pages():
+        for m in DIFF_COUNT_RE.finditer(page.read_text(encoding="utf-8")):
+            quoted.append((page.relative_to(ROOT), m.group(1), *map(int, m.group(2, 3, 4))))
+    assert {q[1] for q in quoted if q[0] == Path("README.md")} == {"vaco_mujoco", "spo_mujoco", "impala_mujoco"}
+    problems = []
+    for page, script, total, removed, added in quoted:
+        out = subprocess.run(["diff", "ppo_mujoco.py", f"{script}.py"], cwd=ROOT, capture_output=True, text=True).stdout
+        lines = out.splitlines()
+        removed_now, added_now = sum(x.startswith("<") for x in lines), sum(x.startswith(">") for x in lines)
+        now = (removed_now + added_now, removed_now, added_now)
+        if (total, removed, added) != now:
+            problems.append(f"{page}: {script} quoted {total} ({removed} removed, {added} added), now {now}")
+    assert not problems, "stale diff counts:\n" + "\n".join(problems)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (requirements-docs.txt)")
+def test_site_builds_strictly(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "site" / "method" / "index.html").exists()
