@@ -418,7 +418,7 @@ def test_tiers(tmp_path):
         args = script_module(Path(r.cmd[1]).name).parse_args(argv)
         assert (args.num_envs, args.num_steps, args.eval_episodes, args.lag_mode) == (8, 256, 10, "uniform")
         assert (args.total_timesteps, args.exp_name, args.lag) == (500_000, r.variant.label, r.lag)
-    for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "4"]):
+    for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "9"]):
         proc = run_runner(bad + ["--dry-run"])
         assert proc.returncode == 2 and "error:" in proc.stderr, bad
 

@@ -25,12 +25,22 @@ uniform --env-backend gymnasium`, 500k steps, records in results/records/tier{N}
   1: ppo, vaco x Hopper-v5, Walker2d-v5 x lags 0, 4, 8 x seeds 1-10 (120 runs)
   2: vaco-norealign, vaco-nofilter x both tasks x lag 8 x seeds 1-10 (40 runs)
   3: spo, impala x both tasks x lags 0, 8 x seeds 1-5 (40 runs)
+Round 2 (`--round 2` = tiers 4-8 in this order; the criteria, written first: docs/evidence_round2.md):
+  4: ppo-clip0.3, ppo-clip0.4, ppo-clip0.5 (PPO --clip-coef X) x both tasks x lag 0 x seeds 101-103 (18 runs)
+  5: ppo-clip<X> for the calibrated X x both tasks x lags 0, 4, 8 x seeds 1-10 (60 runs): X is chosen from tier
+     4's records (and tier 1's VACO) by the calibration rule; until those are complete, `--tier 5` is refused
+     and `--round 2` leaves tier 5 for its next call
+  6: impala-1pass (--update-epochs 1 --no-norm-adv --no-clip-vloss) x both tasks x lags 0, 8 x seeds 1-10 (40 runs)
+  7: ppo, vaco x HalfCheetah-v5 x lags 0, 4, 8 x seeds 1-10 (60 runs)
+  8: vaco-delta0.1, vaco-delta0.4 x both tasks x lag 8 x seeds 1-5 (20 runs)
 With `--tier`, `--seeds` may restrict the seeds; changing the budget or the flags of a tier requires an
-explicit `--records` (so that a modified tier never writes into the committed records).
+explicit `--records` (so that a modified tier never writes into the committed records). `--commit` commits
+each record (that file only) as soon as its run finishes.
 
-Order: seed-major (all runs of seed 1, then seed 2, ...; with several tiers, seed 1 of every tier first),
-within a seed the lowest and highest lag first, then the others, tasks and algorithms interleaved: a grid
-stopped part-way has complete comparisons for the first seeds rather than one algorithm for all seeds.
+Order: seed-major (all runs of seed 1, then seed 2, ...; with several of tiers 1-3, seed 1 of every tier
+first), within a seed the lowest and highest lag first, then the others, tasks and algorithms interleaved: a
+grid stopped part-way has complete comparisons for the first seeds rather than one algorithm for all seeds.
+Round 2's tiers run one after another (4, 5, 6, 7, 8), each seed-major: each answers one question.
 
 Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1`, `--torch-threads 1` and `--env-threads 1` (EnvPool's
 worker threads), so `--workers N` uses about N cores.
