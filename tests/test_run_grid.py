@@ -9,6 +9,7 @@ Nothing here reads or writes the checkout's runs/ or results/: every call gets `
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shlex
 import subprocess
@@ -278,3 +279,68 @@ def test_commit_each_record(tmp_path):
     argv[argv.index("--out") + 1], argv[argv.index("--records") + 1] = str(tmp_path / "grid2"), str(tmp_path / "plain")
     proc = runner(*argv, "--script", f"ppo={fake}", "--commit", env=env)
     assert proc.returncode == 0 and proc.stdout.count("not committed (git add failed") == 2, proc.stdout
+
+
+# ------------------------------------------------------------------------------- the round-2 wandb sweeps
+
+
+def sweep_cells(path: Path) -> tuple[str, set]:
+    """(script, {(label, task, lag, seed, flags)}) of a round-2 sweep, from its grid (the product of its values)."""
+    import yaml
+
+    config = yaml.safe_load(path.read_text())
+    params = config["parameters"]
+    names = list(params)
+    choices = [params[n]["values"] if "values" in params[n] else [params[n]["value"]] for n in names]
+    shape = {"total_timesteps": 500000, "num_envs": 8, "num_steps": 256, "eval_episodes": 10, "lag_mode": "uniform"}
+    shape.update(env_backend="gymnasium")
+    script = config["program"].removesuffix("_mujoco.py")
+    cells = set()
+    for combo in itertools.product(*choices):
+        p = dict(zip(names, combo))
+        assert all(p[k] == v for k, v in shape.items()), path.name
+        label = aggregate.algo_label({"exp_name": p.get("exp_name", f"{script}_mujoco"), **p})
+        flags = tuple(sorted((k, v) for k, v in p.items() if k in ("clip_coef", "update_epochs", "norm_adv", "clip_vloss")))
+        cells.add((label, p["env_id"], p["lag"], p["seed"], flags))
+    return script, cells
+
+
+def runner_cells(records: Path, tier: int, *extra) -> set:
+    """The same tuples from the runner's command lines of one tier."""
+    lines = dry_lines(runner("--tier", str(tier), "--records", str(records), *extra, "--dry-run"))
+    cells = set()
+    for line in lines:
+        argv = shlex.split(line.split("  #")[0])[3:]
+        opt = {a[2:]: b for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")}
+        flags = []
+        if "clip-coef" in opt:
+            flags.append(("clip_coef", float(opt["clip-coef"])))
+        if "update-epochs" in opt:
+            flags += [("clip_vloss", "--no-clip-vloss" not in argv), ("norm_adv", "--no-norm-adv" not in argv)]
+            flags.append(("update_epochs", int(opt["update-epochs"])))
+        cells.add((opt["exp-name"], opt["env-id"], int(opt["lag"]), int(opt["seed"]), tuple(sorted(flags))))
+    return cells
+
+
+def test_round2_sweeps_match_the_runner(tmp_path):
+    """Each round-2 sweep has the cells (label, task, lag, seed, algorithm flags) and the shape of its tier."""
+    sweeps = {p.stem: sweep_cells(p) for p in sorted((REPO / "sweeps").glob("round2_*.yaml"))}
+    assert len(sweeps) == 8
+    empty = tmp_path / "empty"
+    # tier 4: the same (clip, task, lag, seed); the sweep has one label for its three clips (the rule reads the clip)
+    script, cells = sweeps["round2_ppo_clip_calibration"]
+    assert script == "ppo" and {x[0] for x in cells} == {"ppo-clip-calibration"}
+    assert {x[1:] for x in cells} == {x[1:] for x in runner_cells(empty, 4)}
+    # tier 5: each candidate's file has the cells the runner builds once that candidate is chosen
+    for c in run_grid.CALIBRATION_CLIPS:
+        expected = {
+            (f"ppo-clip{c}", t, k, s, (("clip_coef", float(c)),)) for t in TASKS for k in (0, 4, 8) for s in range(1, 11)
+        }
+        assert sweeps[f"round2_ppo_tv_matched_clip{c}"] == ("ppo", expected)
+    write_first_grid_vaco(tmp_path)
+    write_calibration(tmp_path)  # chooses 0.4
+    assert runner_cells(tmp_path, 5, "--total-timesteps", str(T)) == sweeps["round2_ppo_tv_matched_clip0.4"][1]
+    assert sweeps["round2_impala_one_pass"] == ("impala", runner_cells(empty, 6))
+    ppo, vaco = sweeps["round2_halfcheetah_ppo"], sweeps["round2_halfcheetah_vaco"]
+    assert (ppo[0], vaco[0]) == ("ppo", "vaco") and ppo[1] | vaco[1] == runner_cells(empty, 7)
+    assert sweeps["round2_vaco_delta"] == ("vaco", runner_cells(empty, 8))
