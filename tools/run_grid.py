@@ -25,12 +25,22 @@ uniform --env-backend gymnasium`, 500k steps, records in results/records/tier{N}
   1: ppo, vaco x Hopper-v5, Walker2d-v5 x lags 0, 4, 8 x seeds 1-10 (120 runs)
   2: vaco-norealign, vaco-nofilter x both tasks x lag 8 x seeds 1-10 (40 runs)
   3: spo, impala x both tasks x lags 0, 8 x seeds 1-5 (40 runs)
+Round 2 (`--round 2` = tiers 4-8 in this order; the criteria, written first: docs/evidence_round2.md):
+  4: ppo-clip0.3, ppo-clip0.4, ppo-clip0.5 (PPO --clip-coef X) x both tasks x lag 0 x seeds 101-103 (18 runs)
+  5: ppo-clip<X> for the calibrated X x both tasks x lags 0, 4, 8 x seeds 1-10 (60 runs): X is chosen from tier
+     4's records (and tier 1's VACO) by the calibration rule; until those are complete, `--tier 5` is refused
+     and `--round 2` leaves tier 5 for its next call
+  6: impala-1pass (--update-epochs 1 --no-norm-adv --no-clip-vloss) x both tasks x lags 0, 8 x seeds 1-10 (40 runs)
+  7: ppo, vaco x HalfCheetah-v5 x lags 0, 4, 8 x seeds 1-10 (60 runs)
+  8: vaco-delta0.1, vaco-delta0.4 x both tasks x lag 8 x seeds 1-5 (20 runs)
 With `--tier`, `--seeds` may restrict the seeds; changing the budget or the flags of a tier requires an
-explicit `--records` (so that a modified tier never writes into the committed records).
+explicit `--records` (so that a modified tier never writes into the committed records). `--commit` commits
+each record (that file only) as soon as its run finishes.
 
-Order: seed-major (all runs of seed 1, then seed 2, ...; with several tiers, seed 1 of every tier first),
-within a seed the lowest and highest lag first, then the others, tasks and algorithms interleaved: a grid
-stopped part-way has complete comparisons for the first seeds rather than one algorithm for all seeds.
+Order: seed-major (all runs of seed 1, then seed 2, ...; with several of tiers 1-3, seed 1 of every tier
+first), within a seed the lowest and highest lag first, then the others, tasks and algorithms interleaved: a
+grid stopped part-way has complete comparisons for the first seeds rather than one algorithm for all seeds.
+Round 2's tiers run one after another (4, 5, 6, 7, 8), each seed-major: each answers one question.
 
 Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1`, `--torch-threads 1` and `--env-threads 1` (EnvPool's
 worker threads), so `--workers N` uses about N cores.
@@ -88,6 +98,29 @@ TIERS = {
     2: {"algos": ["vaco-norealign", "vaco-nofilter"], "envs": TASKS, "lags": [8], "seeds": list(range(1, 11))},
     3: {"algos": ["spo", "impala"], "envs": TASKS, "lags": [0, 8], "seeds": list(range(1, 6))},
 }
+# Round 2 (docs/evidence_round2.md, written before its runs): the controls a reviewer asks for. Same budget,
+# shape and backend as the tiers above, so that its cells compare with theirs.
+CALIBRATION_CLIPS = ("0.3", "0.4", "0.5")  # PPO --clip-coef candidates for the TV-matched PPO
+CALIBRATION_SEEDS = (101, 102, 103)  # disjoint from the measuring seeds 1-10: choosing eps and measuring it stay apart
+TV_WINDOW = (0.2, 0.8)  # the TV is averaged over logged steps in (0.2 T, 0.8 T]: the last 10% are the annealed regime
+# IMPALA as it is used: each sample in one gradient step, and IMPALA's own losses (no advantage normalisation, no
+# value clipping); every other setting stays as in the tier-3 rows (docs/evidence_round2.md says why).
+IMPALA_ONE_PASS = "impala-1pass=impala --update-epochs 1 --no-norm-adv --no-clip-vloss"
+TIERS.update(
+    {
+        4: {
+            "algos": [f"ppo-clip{c}=ppo --clip-coef {c}" for c in CALIBRATION_CLIPS],
+            "envs": TASKS,
+            "lags": [0],
+            "seeds": list(CALIBRATION_SEEDS),
+        },
+        5: {"algos": None, "envs": TASKS, "lags": [0, 4, 8], "seeds": list(range(1, 11))},  # algos: the calibrated PPO
+        6: {"algos": [IMPALA_ONE_PASS], "envs": TASKS, "lags": [0, 8], "seeds": list(range(1, 11))},
+        7: {"algos": ["ppo", "vaco"], "envs": ["HalfCheetah-v5"], "lags": [0, 4, 8], "seeds": list(range(1, 11))},
+        8: {"algos": ["vaco-delta0.1", "vaco-delta0.4"], "envs": TASKS, "lags": [8], "seeds": list(range(1, 6))},
+    }
+)
+ROUNDS = {1: [1, 2, 3], 2: [4, 5, 6, 7, 8]}
 TIER_TIMESTEPS = 500_000
 # The committed records were made with gymnasium's SyncVectorEnv (the scripts' default then): a rerun stays on it.
 TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", "--lag-mode", "uniform"]
@@ -199,24 +232,155 @@ def grid_runs(opts, algos, envs, lags, seeds, total_timesteps, extra, out, recor
     return runs
 
 
+def window_tv(record: dict, window=TV_WINDOW) -> float:
+    """Mean of a record's per-iteration final TV (lag/final_tv) over the logged steps s with lo T < s <= hi T,
+    T = the run's last global step (its summary's global_step)."""
+    import numpy as np
+
+    scalars = record.get("scalars") or {}
+    steps = np.asarray(scalars.get("step") or [], float)
+    tv = np.asarray([np.nan if v is None else v for v in scalars.get("final_tv") or []], float)
+    if not len(steps) or len(tv) != len(steps):
+        return float("nan")
+    last = float((record.get("summary") or {}).get("global_step") or steps.max())
+    keep = (steps > window[0] * last) & (steps <= window[1] * last) & np.isfinite(tv)
+    return float(tv[keep].mean()) if keep.any() else float("nan")
+
+
+@dataclass
+class Calibration:
+    """The TV-matched PPO's clip coefficient, chosen by the rule written before the runs (docs/evidence_round2.md):
+    the candidate whose window TV at lag 0 (mean over its 3 seeds per task) is closest to VACO's (mean over the
+    first grid's 10 seeds per task), distance = mean over the tasks of |PPO - VACO|; a tie goes to the smaller
+    candidate. `clip` is None while records are missing (listed in `missing`)."""
+
+    clip: str | None
+    vaco_tv: dict  # task -> VACO's mean window TV at lag 0
+    ppo_tv: dict  # (clip, task) -> PPO's mean window TV at lag 0
+    distance: dict  # clip -> mean over tasks of |PPO - VACO|
+    missing: list  # what is not there yet, one line each
+    folder: Path
+
+    def report(self) -> str:
+        lines = [f"TV-matched PPO calibration (window TV over {TV_WINDOW[0]:g}-{TV_WINDOW[1]:g} of training, lag 0):"]
+        lines += [f"  VACO (first grid), {t}: {v:.4f}" for t, v in self.vaco_tv.items()]
+        for c in CALIBRATION_CLIPS:
+            per_task = ", ".join(f"{t} {self.ppo_tv[(c, t)]:.4f}" for t in TASKS if (c, t) in self.ppo_tv)
+            dist = f"; distance {self.distance[c]:.4f}" if c in self.distance else ""
+            lines.append(f"  PPO --clip-coef {c}: {per_task or '(no records)'}{dist}")
+        if self.clip is None:
+            lines.append(f"  not complete: {len(self.missing)} missing in {self.folder}, e.g. {self.missing[0]}")
+        else:
+            lines.append(f"  chosen: --clip-coef {self.clip}")
+        return "\n".join(lines)
+
+
+def _records(folder: Path) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import aggregate
+
+    out = []
+    for f in sorted(Path(folder).glob("*.json.gz")):
+        try:
+            rec = aggregate.read_record(f)
+        except (OSError, ValueError):
+            continue
+        if rec.get("finished"):
+            out.append(rec)
+    return out
+
+
+def calibrate(records_parent, total_timesteps=TIER_TIMESTEPS) -> Calibration:
+    """Apply the calibration rule to the records in `records_parent`/tier4 (PPO at lag 0 with each candidate
+    --clip-coef, seeds 101-103) against VACO at lag 0 in `records_parent`/tier1 (seeds 1-10). Records are matched
+    by their arguments (script, --clip-coef, task, lag, seed, budget), not by file name, so records of the same
+    runs made elsewhere (e.g. by the wandb sweep, exported with tools/aggregate.py) count too."""
+    import numpy as np
+
+    parent = Path(records_parent)
+    missing, ppo, vaco = [], {}, {}
+    for rec in _records(parent / "tier4"):
+        args = rec.get("args") or {}
+        if rec.get("lag") != 0 or args.get("total_timesteps") != total_timesteps or not str(rec.get("algo")).startswith("ppo"):
+            continue
+        clip = next((c for c in CALIBRATION_CLIPS if abs(float(args.get("clip_coef", -1)) - float(c)) < 1e-9), None)
+        if clip is not None and rec.get("task") in TASKS and rec.get("seed") in CALIBRATION_SEEDS:
+            ppo.setdefault((clip, rec["task"], rec["seed"]), window_tv(rec))
+    for rec in _records(parent / "tier1"):
+        args = rec.get("args") or {}
+        if rec.get("algo") == "vaco" and rec.get("lag") == 0 and args.get("total_timesteps") == total_timesteps:
+            if rec.get("task") in TASKS and rec.get("seed") in TIERS[1]["seeds"]:
+                vaco.setdefault((rec["task"], rec["seed"]), window_tv(rec))
+    for c in CALIBRATION_CLIPS:
+        for t in TASKS:
+            missing += [f"{t}__ppo-clip{c}__lag0__s{s}" for s in CALIBRATION_SEEDS if (c, t, s) not in ppo]
+    for t in TASKS:
+        missing += [f"{t}__vaco__lag0__s{s} (tier1)" for s in TIERS[1]["seeds"] if (t, s) not in vaco]
+    missing += [f"{k} (no TV in the window)" for k, v in {**ppo, **vaco}.items() if not np.isfinite(v)]
+    vaco_tv = {t: float(np.mean([v for (tt, _), v in vaco.items() if tt == t])) for t in TASKS if any(k[0] == t for k in vaco)}
+    ppo_tv = {}
+    for c in CALIBRATION_CLIPS:
+        for t in TASKS:
+            vals = [v for (cc, tt, _), v in ppo.items() if (cc, tt) == (c, t)]
+            if vals:
+                ppo_tv[(c, t)] = float(np.mean(vals))
+    distance = {
+        c: float(np.mean([abs(ppo_tv[(c, t)] - vaco_tv[t]) for t in TASKS]))
+        for c in CALIBRATION_CLIPS
+        if all((c, t) in ppo_tv and t in vaco_tv for t in TASKS)
+    }
+    clip = None
+    if not missing:
+        clip = min(CALIBRATION_CLIPS, key=lambda c: (distance[c], float(c)))  # ties: the smaller clip
+    return Calibration(clip, vaco_tv, ppo_tv, distance, missing, parent / "tier4")
+
+
+def tiers_to_run(opts) -> tuple[dict[int, list[str]], list[str]]:
+    """{tier: its algorithm labels} of this call, and notes for stderr. Tier 5's algorithm is the calibrated PPO,
+    so it needs the calibration (tier 4) complete: asked for with tier 4 in the same call it is left for the next
+    call; asked for without it, refused."""
+    tiers = list(dict.fromkeys(ROUNDS[opts.round] if opts.round else opts.tier))
+    notes = []
+    algos = {t: TIERS[t]["algos"] for t in tiers}
+    if 5 in tiers:
+        cal = calibrate(opts.records or REPO / "results" / "records", opts.total_timesteps or TIER_TIMESTEPS)
+        if cal.clip is None and 4 in tiers:
+            del algos[5]
+            notes.append(
+                f"note: tier 5 (the TV-matched PPO) waits for the calibration: {len(cal.missing)} record(s) missing "
+                f"(e.g. {cal.missing[0]}); it runs first in the call after tier 4's records are committed"
+            )
+        elif cal.clip is None:
+            raise ValueError(
+                f"tier 5 (the TV-matched PPO) needs the calibration complete: {len(cal.missing)} record(s) missing, "
+                f"e.g. {cal.missing[0]}; run --tier 4 and commit its records in {cal.folder} first"
+            )
+        else:
+            algos[5] = [f"ppo-clip{cal.clip}=ppo --clip-coef {cal.clip}"]
+            notes.append(cal.report())
+    return algos, notes
+
+
 def build_runs(opts) -> list[Run]:
-    if opts.tier:
+    if opts.tier or opts.round:
         runs = []
-        for tier in opts.tier:
+        tier_algos, notes = tiers_to_run(opts)
+        for note in notes:
+            print(note, file=sys.stderr)
+        for tier, algos in tier_algos.items():
             t = TIERS[tier]
             seeds = [s for s in t["seeds"] if opts.seeds is None or s in opts.seeds]
             steps = TIER_TIMESTEPS if opts.total_timesteps is None else opts.total_timesteps
             out = Path(opts.out or "runs") / f"tier{tier}"
             records = Path(opts.records) / f"tier{tier}" if opts.records else REPO / "results" / "records" / f"tier{tier}"
             runs += [
-                (r.seed, tier, i, r)
+                (0 if tier in ROUNDS[1] else tier, r.seed, tier, i, r)
                 for i, r in enumerate(
-                    grid_runs(
-                        opts, t["algos"], t["envs"], t["lags"], seeds, steps, TIER_FLAGS + list(opts.extra), out, records
-                    )
+                    grid_runs(opts, algos, t["envs"], t["lags"], seeds, steps, TIER_FLAGS + list(opts.extra), out, records)
                 )
             ]
-        runs = [r for *_, r in sorted(runs, key=lambda x: x[:3])]  # seed-major across tiers
+        # Seed-major across the first grid's tiers; round 2's tiers one after another (4 before 5: 5 needs it).
+        runs = [r for *_, r in sorted(runs, key=lambda x: x[:4])]
     else:
         runs = grid_runs(
             opts,
@@ -300,6 +464,18 @@ def write_record(run: Run) -> None:
     import aggregate
 
     aggregate.write_record(aggregate.record_from_run_dir(run.run_dir), run.record)
+
+
+def commit_record(path: Path, message: str) -> str | None:
+    """Commit this one record file to the git repository that holds it (other staged changes stay out of the
+    commit: `--only`). Returns None, or why it could not."""
+    where = ["git", "-C", str(path.parent)]
+    for cmd in (["add", "--", path.name], ["commit", "-q", "--only", "-m", message, "--", path.name]):
+        proc = subprocess.run(where + cmd, capture_output=True, text=True)
+        if proc.returncode:
+            text = (proc.stderr or proc.stdout).strip()
+            return f"git {cmd[0]} failed: {text.splitlines()[-1] if text else f'exit code {proc.returncode}'}"
+    return None
 
 
 def skip_reason(r: Run) -> str | None:
@@ -439,6 +615,10 @@ def run_grid(opts) -> int:
                     progress.done += 1
                     progress.durations.append(elapsed)
                     progress.event(f"[ok]     {name} ({fmt_time(elapsed)})", len(running), opts.workers)
+                    if opts.commit and r.record is not None:
+                        problem = commit_record(r.record, f"Evidence grid, {r.record.parent.name}: {name}")
+                        if problem:  # the record stays on disk: commit it by hand
+                            print(f"[grid] warning: {r.record} not committed ({problem})", flush=True)
                 else:
                     progress.failed += 1
                     failures.append((r, why))
@@ -497,6 +677,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--tier", nargs="+", type=int, choices=sorted(TIERS), help="run these tiers of the evidence grid")
     p.add_argument(
+        "--round", type=int, choices=sorted(ROUNDS), help="run every tier of this round (1: tiers 1-3; 2: tiers 4-8, in order)"
+    )
+    p.add_argument(
         "--algos",
         nargs="+",
         default=None,
@@ -533,6 +716,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
     p.add_argument(
+        "--commit",
+        action="store_true",
+        help="git-commit each run's record as soon as it is written (only that file), so that a cut-off loses no run",
+    )
+    p.add_argument(
         "--shard",
         type=parse_shard,
         default=None,
@@ -554,10 +742,12 @@ def parse_args(argv=None):
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
     opts.extra = extra
-    if opts.tier:
+    if opts.tier and opts.round:
+        p.error("give --tier or --round, not both")
+    if opts.tier or opts.round:
         given = [f"--{n.replace('_', '-')}" for n in ("algos", "envs", "lags", "lag_modes") if getattr(opts, n) is not None]
         if given or opts.ablations:
-            p.error(f"--tier sets the algorithms, tasks and lags; drop {' '.join(given or ['--ablations'])}")
+            p.error(f"--tier/--round set the algorithms, tasks and lags; drop {' '.join(given or ['--ablations'])}")
         if (opts.total_timesteps is not None or extra) and opts.records is None:
             p.error("a tier with another --total-timesteps or extra flags needs an explicit --records folder")
     else:
@@ -567,6 +757,8 @@ def parse_args(argv=None):
         opts.seeds = opts.seeds or [1, 2, 3]
         if opts.ablations:
             opts.algos = list(dict.fromkeys(list(opts.algos) + ["vaco", *ABLATIONS]))
+    if opts.commit and opts.records is None and not (opts.tier or opts.round):
+        p.error("--commit commits records: give --records DIR (a tier or round writes them by default)")
     if opts.workers < 1:
         p.error("--workers must be >= 1")
     if opts.max_runs is not None and opts.max_runs < 1:
