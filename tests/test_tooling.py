@@ -681,6 +681,60 @@ def test_verdict(synthetic, tmp_path, monkeypatch):
     ), proc.stderr
 
 
+def test_deciles_post_hoc(tmp_path):
+    """Per-decile means against a loop over the steps with the boundaries written out; 1-9 and the whole run too."""
+    steps = list(range(50, 1001, 50))  # 20 iterations, 2 per decile
+    rs = np.random.RandomState(3)
+    values = {seed: {c: rs.rand(len(steps)) for c in aggregate.DECILE_COLUMNS} for seed in (1, 2, 3)}
+    g = tmp_path / "g"
+    for seed, cols in values.items():
+        rec = synthetic_record("vaco", "TaskA-v0", 8, seed, 0.5, steps=steps)
+        for c, v in cols.items():
+            rec["scalars"][c] = [float(x) for x in v]
+        aggregate.write_record(rec, g / f"{seed}.json.gz")
+    ref = tmp_path / "ref.csv"
+    ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\n")
+    res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=5, log=lambda m: None)
+    dec = pd.read_csv(tmp_path / "o" / "deciles.csv", comment="#", dtype={"decile": str}).set_index("decile")
+    assert dec.index.tolist() == [*map(str, range(1, 11)), "1-9", "all"] and (dec.runs == 3).all()
+    for c in aggregate.DECILE_COLUMNS:
+        for d in range(1, 11):
+            per_run = [
+                np.mean([v for s, v in zip(steps, values[k][c]) if (d - 1) * T / 10 < s <= d * T / 10]) for k in (1, 2, 3)
+            ]
+            assert dec.loc[str(d), f"{c}_mean"] == pytest.approx(np.mean(per_run), rel=1e-5)
+            assert dec.loc[str(d), f"{c}_ci95"] == pytest.approx(4.302653 * np.std(per_run, ddof=1) / np.sqrt(3), rel=1e-4)
+        early = [np.mean([v for s, v in zip(steps, values[k][c]) if s <= 0.9 * T]) for k in (1, 2, 3)]
+        assert dec.loc["1-9", f"{c}_mean"] == pytest.approx(np.mean(early), rel=1e-5)
+        assert dec.loc["all", f"{c}_mean"] == pytest.approx(np.mean([values[k][c].mean() for k in (1, 2, 3)]), rel=1e-5)
+    assert "Post hoc, not pre-registered" in res["verdict_md"] and "deciles.png" in res["written"]
+
+
+def test_not_learned_is_marked(synthetic, tmp_path):
+    agg = pd.DataFrame(
+        {
+            "algo": ["a", "b", "c", "a"],
+            "lag": [0, 0, 0, 8],
+            "metric": "iqm",
+            "estimate": [0.0, 0.5, -0.01, 0.0],
+            "ci_low": [-0.01, 0.4, -0.02, 0.1],
+            "ci_high": [0.02, 0.6, 0.0, 0.2],
+        }
+    )
+    assert aggregate.not_learned(agg) == {"a", "c"} and aggregate.not_learned(agg, lag=8) == set()
+    _, out, res, _ = synthetic  # every synthetic algorithm learns: nothing marked
+    assert "†" not in res["verdict_md"]
+    md = aggregate.results_markdown(res["aggregate"], res["degradation"], res["ablation"], res["per_task"], marked={"impala"})
+    assert "| impala † | " in md and "† did not learn" in md
+    copied = aggregate.aggregate(
+        [out.parent / "g"], tmp_path / "o", reference=out.parent / "reference.csv", reps=20, curve_reps=5,
+        log=lambda m: None, docs_figures=tmp_path / "docs",
+    )  # fmt: skip
+    assert sorted(f.name for f in (tmp_path / "docs").iterdir()) == sorted(
+        n for n in aggregate.DOCS_FIGURES if n in copied["written"]
+    )
+
+
 def test_curves_at_logged_points_only(tmp_path):
     ref = tmp_path / "ref.csv"
     ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\nTaskB-v0,-100,100\n")

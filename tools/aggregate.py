@@ -33,9 +33,17 @@ Definitions (every table and figure states the ones it uses)
 * Learning curves: at the logged steps only (the steps every run of a curve logged a return; at most
   `--curve-points` of them, chosen evenly among the logged ones), never interpolated.
 
-Outputs: final.csv (one row per run), per_task.csv, aggregate.csv, degradation.csv, ablation.csv,
+* Post hoc, not pre-registered: the training return, the final TV, the fraction of minibatches over δ/2 and the
+  fraction of samples masked (`charts/episodic_return`, `lag/final_tv`, `vaco/over_budget_frac`,
+  `vaco/filter_frac`) per training decile (deciles.csv):
+  the final-score window is the last decile, where the annealed learning rate barely moves the policy.
+* An algorithm whose lag-0 IQM interval includes 0 (the random policy) did not learn: its difference in
+  degradation is marked (†, grey and hatched), since it had nothing to lose.
+
+Outputs: final.csv (one row per run), per_task.csv, aggregate.csv, degradation.csv, ablation.csv, deciles.csv,
 iqm_curves.csv, runs.csv (one row per run and logged step), verdict.md, and the figures score_vs_lag.png,
-degradation.png, intervals.png, iqm_curves.png, task_curves.png, final_tv.png, ablation.png (when present).
+degradation.png, intervals.png, iqm_curves.png, task_curves.png, final_tv.png, deciles.png, ablation.png (when
+present); `--docs-figures DIR` also copies the documentation's figures into DIR.
 
     python tools/aggregate.py --measure-random [ENV ...] [--episodes 20] [--write]
 
@@ -65,6 +73,15 @@ FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
 LAG_LO, LAG_HI = 0, 8  # the primary measure's lags
 TV_TOLERANCE = 0.25  # "near delta/2": within +-25% of delta/2 (pre-registered)
 TV_LAGS = (4, 8)
+# Post hoc (not pre-registered): the TV and filter statistics per training decile, whose last decile is the
+# final-score window; the learning rate is annealed, so in that window the policy barely moves.
+DECILE_COLUMNS = {
+    "episodic_return": "training episodic return (raw)",
+    "final_tv": "final TV",
+    "vaco_over_budget_frac": "fraction of minibatches over δ/2",
+    "vaco_filter_frac": "fraction of samples masked",
+}
+DOCS_FIGURES = ("score_vs_lag.png", "degradation.png", "deciles.png", "task_curves.png")  # the results page's
 PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
 
 # One colour per algorithm label, the same in every figure (matplotlib's tab10 hex codes).
@@ -488,6 +505,29 @@ def per_task_table(final: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def decile_table(final: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Post hoc: per (algo, task, lag) and training decile (decile d holds the logged steps in ((d-1)/10, d/10]
+    of the run's final step; 10 is the final-score window), each run's mean of every DECILE_COLUMNS column, then
+    mean ± 95% t half-width over runs. Decile "1-9": every step before the window; "all": the whole run."""
+    cols = [c for c in DECILE_COLUMNS if c in runs]
+    if not cols or not len(runs):
+        return pd.DataFrame()
+    r = runs.merge(final[["source", "last_step"]], on="source")
+    r["decile"] = np.clip(np.ceil(10 * r["step"] / r["last_step"]), 1, 10).astype(int)
+    spans = [(str(d), r[r.decile == d]) for d in range(1, 11)] + [("1-9", r[r.decile <= 9]), ("all", r)]
+    rows = []
+    for span, part in spans:
+        per_run = part.groupby(["algo", "task", "lag", "seed"])[cols].mean().reset_index()
+        for (algo, task, lag), df in per_run.groupby(["algo", "task", "lag"], sort=True):
+            row = {"algo": algo, "task": task, "lag": lag, "decile": span, "runs": len(df)}
+            for c in cols:
+                row[f"{c}_mean"], row[f"{c}_ci95"], _ = t_interval(df[c])
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    out["order"] = out["decile"].map({s: i for i, (s, _) in enumerate(spans)})
+    return out.sort_values(["algo", "task", "lag", "order"]).drop(columns="order").reset_index(drop=True)
+
+
 def _cells(final, algo, lag, tasks, column="normalized_score"):
     return [
         final[(final.algo == algo) & (final.lag == lag) & (final.task == t)][column].dropna().to_numpy(float) for t in tasks
@@ -697,13 +737,29 @@ def verdict_table(final, agg, deg, per_task, lo=LAG_LO, hi=LAG_HI) -> tuple[pd.D
     return table, verdict
 
 
-def _task_table(frame, first_col, algos):
-    """Markdown rows: one per algorithm, one interval per task, then the pooled one."""
+def not_learned(agg, lag=LAG_LO) -> set:
+    """The algorithms whose IQM at `lag` has a 95% interval that includes 0, the uniform-random policy's score:
+    they did not learn, so their degradation measures that they had nothing to lose, not robustness to lag."""
+    iq = agg[(agg.metric == "iqm") & (agg.lag == lag)] if len(agg) else agg
+    return set(iq[(iq.ci_low <= 0) & (iq.ci_high >= 0)].algo) if len(iq) else set()
+
+
+NOT_LEARNED_NOTE = (
+    f"did not learn (IQM at lag {LAG_LO} indistinguishable from the random policy's 0): its difference "
+    "in degradation says it had nothing to lose, not that it is robust to lag"
+)
+
+
+def _task_table(frame, first_col, algos, marked=()):
+    """Markdown rows: one per algorithm, one interval per task, then the pooled one; `marked` algorithms get a †."""
     tasks = [t for t in frame.task.unique() if t != "pooled"] + ["pooled"]
     lines = [f"| {first_col} | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
     for algo in algos:
         d = frame[frame.algo == algo].set_index("task")
-        lines.append(f"| {algo} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+        name = f"{algo} †" if algo in marked else algo
+        lines.append(f"| {name} | " + " | ".join(_ci(d.loc[t]) if t in d.index else "" for t in tasks) + " |")
+    if any(a in marked for a in algos):
+        lines += ["", f"† {NOT_LEARNED_NOTE}."]
     return lines + [""]
 
 
@@ -711,7 +767,7 @@ def _ci(r) -> str:
     return f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
 
 
-def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
+def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF, marked=()) -> str:
     """The tables a reading of the grid needs: IQM per lag, the degradation differences, the ablations, final TV."""
     lines = []
     if len(agg):
@@ -732,7 +788,7 @@ def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
             f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}):",
             "",
         ]
-        lines += _task_table(dd, "algorithm", order_labels(dd.algo.unique()))
+        lines += _task_table(dd, "algorithm", order_labels(dd.algo.unique()), marked)
     if len(abl):
         lines += [f"Ablations at lag {LAG_HI}, ablation − VACO:", ""]
         lines += _task_table(abl, "ablation", sorted(abl.algo.unique()))
@@ -747,6 +803,34 @@ def results_markdown(agg, deg, abl, per_task, norm=NORM_DEF) -> str:
                     continue
                 cells = [f"{d.loc[k].final_tv_mean:.3f} ± {d.loc[k].final_tv_ci95:.3f}" if k in d.index else "" for k in lags]
                 lines.append(f"| {algo} | {task} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def deciles_markdown(dec: pd.DataFrame, delta: float, algos=("ppo", "vaco")) -> str:
+    """Post hoc tables: the mean over runs of each DECILE_COLUMNS statistic per training decile, for `algos`."""
+    d = dec[dec.algo.isin(algos)] if len(dec) else dec
+    if not len(d):
+        return ""
+    half = delta / 2
+    lines = [
+        f"Post hoc, not pre-registered: {' and '.join(a.upper() for a in algos)} per training decile (decile d: steps in ((d−1)/10, d/10] of the "
+        "run; 10 is the final-score window, where the annealed learning rate is ≤ 10% of its start; 1–9: every step "
+        "before it; all: the whole run). Means over runs; `deciles.csv` holds the 95% t half-widths and the other "
+        "algorithms.",
+        "",
+    ]
+    spans = list(dict.fromkeys(d.decile))
+    for col, name in DECILE_COLUMNS.items():
+        if f"{col}_mean" not in d or d[f"{col}_mean"].isna().all():
+            continue
+        band = f" (δ/2 = {half:g}; ±{TV_TOLERANCE:.0%}: {half * (1 - TV_TOLERANCE):g}–{half * (1 + TV_TOLERANCE):g})"
+        lines += [f"{name[0].upper()}{name[1:]}{band if col == 'final_tv' else ''}:", ""]
+        lines += ["| algo | task | lag | " + " | ".join(spans) + " |", "|---|---|---|" + "---|" * len(spans)]
+        for (algo, task, lag), g in d.groupby(["algo", "task", "lag"], sort=True):
+            if g[f"{col}_mean"].notna().any():
+                cells = (f"{v:.0f}" if col == "episodic_return" else f"{v:.3f}" for v in g[f"{col}_mean"])
+                lines.append(f"| {algo} | {task} | {lag} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -824,10 +908,11 @@ def _step_axis(ax):
     ax.set_xlabel("environment steps")
 
 
-def _save(fig, path):
+def _save(fig, path, layout=True):
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -843,6 +928,17 @@ def meaningful_metrics(final, n_tasks):
     return metrics
 
 
+def _lag_points(ax, run_lags, lags, offset, est, yerr, color, label):
+    """Points with error bars at the lags a label ran, joined only between neighbouring lags of the axis, so that
+    no line crosses a lag it never ran (the legend says which lags it ran)."""
+    pos = np.array([lags.index(k) for k in run_lags])
+    x = pos + offset * 0.06
+    name = label if len(pos) == len(lags) else f"{label} (lags {', '.join(map(str, run_lags))} only)"
+    ax.errorbar(x, est, yerr=yerr, fmt="o", color=color, label=name, capsize=2, ms=4)
+    for i in np.flatnonzero(np.diff(pos) == 1):
+        ax.plot(x[i : i + 2], est[i : i + 2], "-", color=color, lw=1.5)
+
+
 def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
     import matplotlib.pyplot as plt
 
@@ -850,19 +946,8 @@ def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
     for ax, metric in zip(axes[0], metrics):
         for j, label in enumerate(labels):
             d = agg[(agg.algo == label) & (agg.metric == metric)].set_index("lag").sort_index()
-            x = np.array([lags.index(k) for k in d.index]) + (j - (len(labels) - 1) / 2) * 0.06  # its own lags, joined
             est, lo, hi = (d[c].to_numpy(float) for c in ("estimate", "ci_low", "ci_high"))
-            ax.errorbar(
-                x,
-                est,
-                yerr=[est - lo, hi - est],
-                fmt="o-",
-                color=colors[label],
-                label=label,
-                capsize=2,
-                ms=4,
-                lw=1.5,
-            )
+            _lag_points(ax, d.index, lags, j - (len(labels) - 1) / 2, est, [est - lo, hi - est], colors[label], label)
         ax.axhline(0, color="k", lw=0.8, ls=":", label="random policy")
         _lag_axis(ax, lags)
         names = {"iqm": "IQM", "mean": "Mean", "median": "Median of task means", "optimality_gap": "Optimality gap"}
@@ -874,15 +959,18 @@ def plot_score_vs_lag(agg, labels, lags, colors, metrics, path, title, ylabel):
     _save(fig, path)
 
 
-def plot_forest(table, colors, path, title, xlabel):
-    """One row per (algorithm, task or pooled): point and 95% interval; a line at 0."""
+def plot_forest(table, colors, path, title, xlabel, marked=()):
+    """One row per (algorithm, task or pooled): point and 95% interval; a line at 0. The `marked` algorithms (did
+    not learn) are drawn grey and dashed on a hatched band, with the reason under the plot."""
     import matplotlib.pyplot as plt
 
     rows = list(table.itertuples())
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 2.0))
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 2.0 + 0.3 * bool(marked)))
     for i, r in enumerate(rows):
         y = len(rows) - 1 - i
-        c = colors.get(r.algo, "k")
+        c = "#999999" if r.algo in marked else colors.get(r.algo, "k")
+        if r.algo in marked:
+            ax.axhspan(y - 0.45, y + 0.45, facecolor="none", edgecolor="#bbbbbb", hatch="///", lw=0)
         ax.errorbar(
             r.estimate,
             y,
@@ -892,9 +980,12 @@ def plot_forest(table, colors, path, title, xlabel):
             capsize=3,
             ms=5,
             mfc="white" if r.task != "pooled" else c,
+            ls="--" if r.algo in marked else "-",
         )
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r.algo} — {r.task}" for r in reversed(rows)], fontsize=8)
+    ax.set_yticklabels([f"{r.algo}{' †' if r.algo in marked else ''} — {r.task}" for r in reversed(rows)], fontsize=8)
+    if any(r.algo in marked for r in rows):
+        ax.set_title(textwrap.fill(f"† grey, hatched: {NOT_LEARNED_NOTE}", 100), fontsize=8, color="#555555")
     ax.axvline(0, color="k", lw=0.9, ls="--")
     ax.set_xlabel(xlabel, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
@@ -902,11 +993,48 @@ def plot_forest(table, colors, path, title, xlabel):
     _save(fig, path)
 
 
+def plot_deciles(dec, colors, delta, path, title, algo="vaco"):
+    """Post hoc: `algo`'s DECILE_COLUMNS statistics against the training decile, one line per (task, lag), mean
+    ± 95% t-interval over runs; the TV panel shows δ/2 and the ±25% band."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    d = dec[(dec.algo == algo) & dec.decile.str.isdigit()] if len(dec) else dec
+    cols = [c for c in DECILE_COLUMNS if c != "episodic_return" and f"{c}_mean" in d and d[f"{c}_mean"].notna().any()]
+    if not len(d) or not cols:
+        return False
+    fig, axes = plt.subplots(1, len(cols), figsize=(4.4 * len(cols), 3.6), squeeze=False)
+    groups = list(d.groupby(["task", "lag"], sort=True))
+    lags = sorted(d.lag.unique())
+    for ax, col in zip(axes[0], cols):
+        for (task, lag), g in groups:
+            shade = 0.35 + 0.65 * (lags.index(lag) + 1) / len(lags)  # darker at larger lags, the algorithm's hue
+            c = tuple(1 - shade * (1 - v) for v in to_rgb(colors.get(algo, "k")))
+            ls = ["-", "--", ":", "-."][sorted(d.task.unique()).index(task) % 4]
+            x = g.decile.astype(int).to_numpy()
+            ax.errorbar(x, g[f"{col}_mean"], yerr=g[f"{col}_ci95"].fillna(0), fmt="o" + ls, color=c, ms=3, capsize=2,
+                        label=f"{task} lag {lag}")  # fmt: skip
+        if col == "final_tv" and np.isfinite(delta):
+            ax.axhline(delta / 2, ls="--", color="k", lw=0.9)
+            ax.axhspan(delta / 2 * (1 - TV_TOLERANCE), delta / 2 * (1 + TV_TOLERANCE), color="k", alpha=0.08, lw=0)
+        ax.set_xticks(range(1, 11))
+        ax.set_xlabel("training decile (10: the final-score window)", fontsize=8)
+        ax.set_title(DECILE_COLUMNS[col], fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    _suptitle(fig, title)
+    _save(fig, path)
+    return True
+
+
 def plot_intervals(agg, labels, lags, colors, path, title):
     """IQM per lag: one bar (95% interval) and a tick (estimate) per algorithm."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(lags), figsize=(3.4 * len(lags), 0.4 * len(labels) + 2.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(lags), figsize=(3.4 * len(lags), 0.4 * len(labels) + 2.2), squeeze=False, sharey=True, sharex=True
+    )
     for ax, lag in zip(axes[0], lags):
         for i, label in enumerate(labels):
             d = agg[(agg.algo == label) & (agg.metric == "iqm") & (agg.lag == lag)]
@@ -964,7 +1092,7 @@ def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_li
                 y = np.stack([g.set_index("step")["episodic_return"].reindex(steps).to_numpy(float) for g in group])
                 m = y.mean(0)
                 se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(m)
-                ax.plot(steps, m, ".-", color=colors[label], label=f"{label} (n={len(y)})", lw=1.3, ms=3)
+                ax.plot(steps, m, ".-", color=colors[label], label=label, lw=1.3, ms=3)
                 ax.fill_between(steps, m - se, m + se, color=colors[label], alpha=0.15, lw=0)
             if task in ref_lines:
                 ax.axhline(ref_lines[task], color="k", lw=0.8, ls=":")
@@ -974,11 +1102,14 @@ def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_li
                 ax.set_ylabel(f"{task}\nepisodic return", fontsize=8)
             _step_axis(ax)
             ax.grid(alpha=0.3)
-            if c == len(lags) - 1:
-                ax.legend(fontsize=6)
+    handles = {h.get_label(): h for ax in axes.flat for h in ax.get_lines() if not h.get_label().startswith("_")}
+    runs_of = final.groupby(["algo", "task", "lag"]).size()
+    names = [f"{k} ({'–'.join(map(str, sorted({runs_of[k].min(), runs_of[k].max()})))} runs per cell)" for k in handles]
+    fig.legend(handles.values(), names, loc="lower center", ncol=min(len(handles), 3), fontsize=9, frameon=False)
     note = " (dotted: random policy)" if ref_lines else ""
     _suptitle(fig, f"Training episodic return per task: mean over seeds ± 1 standard error, at logged steps{note}")
-    _save(fig, path)
+    fig.tight_layout(rect=(0, 0.035 * ((len(handles) + 2) // 3) / max(1, len(tasks) / 2), 1, 1))
+    _save(fig, path, layout=False)
 
 
 def plot_tv(per_task, labels, lags, colors, delta, path, title):
@@ -999,20 +1130,14 @@ def plot_tv(per_task, labels, lags, colors, delta, path, title):
             ax = axes[r][c]
             for j, label in enumerate(group):
                 d = per_task[(per_task.algo == label) & (per_task.task == task)].set_index("lag").sort_index()
-                x = np.array([lags.index(k) for k in d.index]) + (j - (len(group) - 1) / 2) * 0.06
-                ax.errorbar(
-                    x,
-                    d.final_tv_mean.to_numpy(float),
-                    yerr=d.final_tv_ci95.fillna(0).to_numpy(float),
-                    fmt="o-",
-                    color=colors[label],
-                    label=label,
-                    capsize=2,
-                    ms=4,
-                )
+                est, err = d.final_tv_mean.to_numpy(float), d.final_tv_ci95.fillna(0).to_numpy(float)
+                _lag_points(ax, d.index, lags, j - (len(group) - 1) / 2, est, err, colors[label], label)
             if group is not unbounded and any(lab.startswith("vaco") for lab in group) and np.isfinite(delta):
                 ax.axhline(delta / 2, ls="--", color="k", lw=0.9)
-                ax.text(len(lags) - 1, delta / 2, f" δ/2={delta / 2:g}", va="bottom", ha="right", fontsize=7)
+                ax.axhspan(delta / 2 * (1 - TV_TOLERANCE), delta / 2 * (1 + TV_TOLERANCE), color="k", alpha=0.08, lw=0)
+                ax.text(
+                    len(lags) - 1, delta / 2, f" δ/2={delta / 2:g} ± {TV_TOLERANCE:.0%}", va="bottom", ha="right", fontsize=7
+                )
                 ax.set_ylim(top=max(ax.get_ylim()[1], 0.6 * delta))  # room for the δ/2 label
             ax.set_ylim(bottom=0)
             _lag_axis(ax, lags)
@@ -1051,9 +1176,10 @@ def aggregate(
     plots=True,
     log=print,
     label="",
+    docs_figures=None,
 ) -> dict:
     """Read the sources, write every table, figure and verdict.md into `out`; `label` (e.g. "SMOKE TEST, 40k
-    steps") heads every figure title and verdict.md."""
+    steps") heads every figure title and verdict.md; `docs_figures`: a folder that also gets DOCS_FIGURES."""
     out = Path(out)
     _FIGURE_LABEL["text"] = label
     records = collect_records(sources, include_unfinished, log)
@@ -1080,6 +1206,8 @@ def aggregate(
     abl = ablation_table(final, reps, seed)
     curves = curve_table(final, runs, ref, curve_points, curve_reps, seed, log)
     table, verdict = verdict_table(final, agg, deg, per_task)
+    dec = decile_table(final, runs)
+    marked = not_learned(agg) if ref is not None else set()  # 0 is the random policy only after normalisation
     boot = f"95% stratified-bootstrap percentile intervals over seeds ({reps} resamples, seed {seed})"
     base = [SCORE_DEF, norm, WINDOW_DEF]
     write_csv(final, out / "final.csv", base + ["one row per run; final_tv, backward_tv, ...: means over the same window"])
@@ -1104,12 +1232,24 @@ def aggregate(
         out / "ablation.csv",
         base + [f"ablation_effect = mean(ablation) - mean(VACO) at lag {LAG_HI}; pooled = mean over tasks; {boot}"],
     )
+    if len(dec):
+        write_csv(
+            dec,
+            out / "deciles.csv",
+            [
+                "POST HOC, not pre-registered: per (algo, task, lag) and training decile (d: logged steps in ((d-1)/10, d/10] "
+                "of the run; 10 = the final-score window; 1-9: all steps before it; all: the whole run)",
+                "each run's mean of the logged charts/episodic_return, lag/final_tv, vaco/over_budget_frac, vaco/filter_frac; "
+                "mean and 95% Student-t half-width over runs",
+            ],
+        )
     write_csv(
         curves,
         out / "iqm_curves.csv",
         [f"IQM of the normalised training return at logged steps ({norm}); {curve_reps} resamples"],
     )
-    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task, norm)
+    md = verdict_markdown(table, verdict, final, norm) + "\n" + results_markdown(agg, deg, abl, per_task, norm, marked)
+    md += deciles_markdown(dec, delta_of(final, "vaco"))
     if label:
         md = f"**{label}**\n\n{md}"
     (out / "verdict.md").write_text(md)
@@ -1122,7 +1262,7 @@ def aggregate(
         "ablation.csv",
         "iqm_curves.csv",
         "verdict.md",
-    ]
+    ] + ["deciles.csv"] * bool(len(dec))
 
     if plots:
         import matplotlib
@@ -1150,6 +1290,7 @@ def aggregate(
                 f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}); "
                 f"> 0: X loses less. Filled: pooled over tasks. {SCORE_DEF}; {boot}",
                 "difference in degradation (normalised score)",
+                marked,
             )
             written.append("degradation.png")
         if len(abl):
@@ -1181,9 +1322,27 @@ def aggregate(
             colors,
             delta_of(final, "vaco"),
             out / "final_tv.png",
-            "Final TV after the update, mean over the last 10% of steps, ± 95% t-interval over seeds (dashed: VACO's δ/2)",
+            "Final TV after the update, mean over the last 10% of steps, ± 95% t-interval over seeds (dashed: VACO's "
+            f"δ/2; shaded: ±{TV_TOLERANCE:.0%}, the pre-registered band)",
         ):
             written.append("final_tv.png")
+        if plot_deciles(
+            dec,
+            colors,
+            delta_of(final, "vaco"),
+            out / "deciles.png",
+            "POST HOC (not pre-registered): VACO per training decile, mean ± 95% t-interval over runs "
+            f"(dashed: δ/2, shaded: ±{TV_TOLERANCE:.0%}); decile 10 is the final-score window",
+        ):
+            written.append("deciles.png")
+        if docs_figures:
+            import shutil
+
+            Path(docs_figures).mkdir(parents=True, exist_ok=True)
+            for name in DOCS_FIGURES:
+                if name in written:
+                    shutil.copyfile(out / name, Path(docs_figures) / name)
+            log(f"copied {', '.join(n for n in DOCS_FIGURES if n in written)} to {docs_figures}/")
     log(f"{len(final)} runs ({', '.join(f'{a}: {n}' for a, n in final['algo'].value_counts().sort_index().items())})")
     log(f"wrote {', '.join(written)} to {out}/")
     return {
@@ -1196,6 +1355,7 @@ def aggregate(
         "curves": curves,
         "verdict": verdict,
         "verdict_table": table,
+        "deciles": dec,
         "verdict_md": md,
         "records": records,
         "written": written,
@@ -1290,6 +1450,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     p.add_argument("--include-unfinished", action="store_true", help="also use runs without a (complete) summary.json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--docs-figures", metavar="DIR", help=f"also copy {', '.join(DOCS_FIGURES)} into DIR (the site's)")
     p.add_argument("--label", default="", help='heads every figure title and verdict.md, e.g. "SMOKE TEST (40k steps)"')
     p.add_argument(
         "--measure-random",
@@ -1327,6 +1488,7 @@ def main(argv=None):
         opts.include_unfinished,
         not opts.no_plots,
         label=opts.label,
+        docs_figures=opts.docs_figures,
     )
     if opts.export_records:
         export_records(res["records"], opts.export_records)
