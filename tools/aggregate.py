@@ -43,7 +43,7 @@ Definitions (every table and figure states the ones it uses)
 Outputs: final.csv (one row per run), per_task.csv, aggregate.csv, degradation.csv, ablation.csv, deciles.csv,
 iqm_curves.csv, runs.csv (one row per run and logged step), verdict.md, and the figures score_vs_lag.png,
 degradation.png, intervals.png, iqm_curves.png, task_curves.png, final_tv.png, deciles.png, ablation.png (when
-present); `--docs-figures DIR` also copies the documentation's figures into DIR.
+present).
 
     python tools/aggregate.py --measure-random [ENV ...] [--episodes 20] [--write]
 
@@ -81,7 +81,6 @@ DECILE_COLUMNS = {
     "vaco_over_budget_frac": "fraction of minibatches over δ/2",
     "vaco_filter_frac": "fraction of samples masked",
 }
-DOCS_FIGURES = ("score_vs_lag.png", "degradation.png", "deciles.png", "task_curves.png")  # the results page's
 PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
 
 # One colour per algorithm label, the same in every figure (matplotlib's tab10 hex codes).
@@ -1176,10 +1175,9 @@ def aggregate(
     plots=True,
     log=print,
     label="",
-    docs_figures=None,
 ) -> dict:
     """Read the sources, write every table, figure and verdict.md into `out`; `label` (e.g. "SMOKE TEST, 40k
-    steps") heads every figure title and verdict.md; `docs_figures`: a folder that also gets DOCS_FIGURES."""
+    steps") heads every figure title and verdict.md."""
     out = Path(out)
     _FIGURE_LABEL["text"] = label
     records = collect_records(sources, include_unfinished, log)
@@ -1335,14 +1333,6 @@ def aggregate(
             f"(dashed: δ/2, shaded: ±{TV_TOLERANCE:.0%}); decile 10 is the final-score window",
         ):
             written.append("deciles.png")
-        if docs_figures:
-            import shutil
-
-            Path(docs_figures).mkdir(parents=True, exist_ok=True)
-            for name in DOCS_FIGURES:
-                if name in written:
-                    shutil.copyfile(out / name, Path(docs_figures) / name)
-            log(f"copied {', '.join(n for n in DOCS_FIGURES if n in written)} to {docs_figures}/")
     log(f"{len(final)} runs ({', '.join(f'{a}: {n}' for a, n in final['algo'].value_counts().sort_index().items())})")
     log(f"wrote {', '.join(written)} to {out}/")
     return {
@@ -1450,7 +1440,6 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     p.add_argument("--include-unfinished", action="store_true", help="also use runs without a (complete) summary.json")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--docs-figures", metavar="DIR", help=f"also copy {', '.join(DOCS_FIGURES)} into DIR (the site's)")
     p.add_argument("--label", default="", help='heads every figure title and verdict.md, e.g. "SMOKE TEST (40k steps)"')
     p.add_argument(
         "--measure-random",
@@ -1488,7 +1477,6 @@ def main(argv=None):
         opts.include_unfinished,
         not opts.no_plots,
         label=opts.label,
-        docs_figures=opts.docs_figures,
     )
     if opts.export_records:
         export_records(res["records"], opts.export_records)
