@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 import aggregate  # noqa: E402
+import aggregate_figures  # noqa: E402
 import run_grid  # noqa: E402
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -752,15 +753,15 @@ def test_figures(synthetic):
         "final_tv.png",
     ):
         assert name in res["written"] and (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    colors = aggregate.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
+    colors = aggregate_figures.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
     assert colors["vaco"] == aggregate.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
     assert len({colors[k] for k in ("impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine")}) == 6
-    assert colors == aggregate.colors_for(
+    assert colors == aggregate_figures.colors_for(
         ["ppo[fixed]", "mine", "vaco-nofilter", "spo", "ppo", "vaco", "impala"]
     )  # order-free
     # 2 tasks, no score at the reference: no median panel (= mean), no optimality gap (= 1 - mean)
-    assert aggregate.meaningful_metrics(res["final"], 2) == ["iqm", "mean"]
-    assert aggregate.meaningful_metrics(res["final"].assign(normalized_score=1.2), 3) == [
+    assert aggregate_figures.meaningful_metrics(res["final"], 2) == ["iqm", "mean"]
+    assert aggregate_figures.meaningful_metrics(res["final"].assign(normalized_score=1.2), 3) == [
         "iqm",
         "mean",
         "median",
