@@ -222,13 +222,18 @@ def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
     ]  # fmt: skip
 
 
+def in_mode_of(label: str, base: str) -> str:
+    """The base algorithm's label in `label`'s lag mode (`ppo[fixed]` for `vaco[fixed]`): compared within one mode."""
+    return base + (label[label.index("[") :] if "[" in label else "")
+
+
 def degradation_table(final, reps, seed, base="ppo", lo=LAG_LO, hi=LAG_HI) -> pd.DataFrame:
     """Each algorithm's degradation (X[hi] - X[lo]) and its difference from the base's: (X[hi]-X[lo]) - (B[hi]-B[lo])."""
     rows = []
     algos = [a for a in sorted(final["algo"].unique()) if {lo, hi} <= set(final[final.algo == a]["lag"])]
     for a in algos:
         rows += difference_table(final, [(1, a, hi), (-1, a, lo)], "degradation", reps, seed, {"algo": a, "vs": ""})
-        b = base + (a[a.index("[") :] if "[" in a else "")  # compared with the base run in the same lag mode
+        b = in_mode_of(a, base)
         if a != b and b in algos:
             terms = [(1, a, hi), (-1, a, lo), (-1, b, hi), (1, b, lo)]
             rows += difference_table(final, terms, "degradation_difference", reps, seed, {"algo": a, "vs": b})
@@ -257,12 +262,14 @@ def not_learned(agg, lag=LAG_LO) -> set:
 
 
 def probability_of_improvement_table(final, reps, seed, base="ppo") -> pd.DataFrame:
-    """rliable's probability of improvement P(X > base) at each lag (X's and the base's runs resampled on their own)."""
+    """rliable's probability of improvement P(X > base) at each lag and lag mode (X's and the base's runs resampled
+    on their own)."""
     pairs = {}
     for (a, k), df in final.groupby(["algo", "lag"], sort=True):
-        b = final[(final.algo == base) & (final.lag == k)]
-        if a != base and len(b) and set(df.task) == set(b.task):
-            pairs[f"{a} lag {k},{base} lag {k}"] = [score_matrix(df)[0], score_matrix(b)[0]]
+        name = in_mode_of(a, base)
+        b = final[(final.algo == name) & (final.lag == k)]
+        if a != name and len(b) and set(df.task) == set(b.task):
+            pairs[f"{a} lag {k},{name} lag {k}"] = [score_matrix(df)[0], score_matrix(b)[0]]
     if not pairs:
         return pd.DataFrame()
     point, ci = bootstrap(pairs, lambda x, y: np.array([metrics.probability_of_improvement(x, y)]), reps, seed)
