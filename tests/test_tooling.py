@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 import aggregate  # noqa: E402
+import aggregate_figures  # noqa: E402
 import run_grid  # noqa: E402
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -525,16 +526,7 @@ def test_normalise():
     assert np.allclose(aggregate.normalise([50.0, 0.0, 300.0], ["TaskA-v0", "TaskB-v0", "TaskB-v0"], ref), [0.5, 0.5, 2.0])
 
 
-def test_iqm_and_t_interval():
-    from rliable import metrics
-    from scipy.stats import trim_mean
-
-    rs = np.random.RandomState(0)
-    for n in (3, 4, 5, 8, 10, 20):
-        x = rs.randn(n)
-        assert aggregate.iqm(x) == pytest.approx(trim_mean(x, 0.25)) == pytest.approx(metrics.aggregate_iqm(x))
-    y = rs.randn(6, 9)
-    assert np.allclose(aggregate.iqm(y, axis=1), [trim_mean(row, 0.25) for row in y])
+def test_t_interval():
     # Student-t half-widths: t(0.975, 2) = 4.3027, t(0.975, 9) = 2.2622 (tables), not 1.96
     v = np.array([1.0, 2.0, 6.0])
     m, h, n = aggregate.t_interval(v)
@@ -544,25 +536,44 @@ def test_iqm_and_t_interval():
     assert np.isnan(aggregate.t_interval([5.0])[1]) and aggregate.t_interval([np.nan, 2.0])[2] == 1
 
 
-def test_stratified_bootstrap_against_loop():
-    """The vectorised bootstrap equals a plain loop over the same resampling indices."""
-    rs = np.random.RandomState(1)
-    cells = [rs.randn(4), rs.randn(6) + 1, rs.randn(3)]
-    reps = 200
+def test_difference_interval_against_exact_bootstrap():
+    """D's interval (rliable's stratified independent bootstrap) against the exact bootstrap distribution: every
+    resample of the four 3-run cells enumerated (27^4 equally likely combinations)."""
+    cells = {("x", 8): [0.1, 0.5, 0.9], ("x", 0): [0.6, 0.8, 1.3], ("ppo", 8): [0.0, 0.2, 0.7], ("ppo", 0): [0.9, 1.0, 1.6]}
+    final = pd.DataFrame(
+        [
+            {"algo": a, "lag": k, "task": "T", "seed": i, "normalized_score": v}
+            for (a, k), vs in cells.items()
+            for i, v in enumerate(vs)
+        ]
+    )
+    terms = [(1, "x", 8), (-1, "x", 0), (-1, "ppo", 8), (1, "ppo", 0)]
+    task, pooled = aggregate.difference_table(final, terms, "d", reps=4000, seed=0)
+    resampled = [np.array(list(itertools.product(cells[a, k], repeat=3))).mean(axis=1) for _, a, k in terms]  # 27 each
+    grids = np.meshgrid(*resampled, indexing="ij")
+    exact = sum(sign * g for (sign, _, _), g in zip(terms, grids)).ravel()
+    lo, hi = np.percentile(exact, [2.5, 97.5])
+    assert task["estimate"] == pooled["estimate"] == pytest.approx(0.5 - 0.9 - 0.3 + 3.5 / 3)
+    assert (task["ci_low"], task["ci_high"]) == pytest.approx((lo, hi), abs=0.03 * (hi - lo))
+    assert (pooled["ci_low"], pooled["ci_high"]) == (task["ci_low"], task["ci_high"])  # one task: pooled = the task
+    const = aggregate.difference_table(final.assign(normalized_score=0.3), terms[:2], "d", reps=50, seed=0)[0]
+    assert (const["estimate"], const["ci_low"], const["ci_high"]) == pytest.approx((0.0, 0.0, 0.0))
 
-    def stat(s):  # mean of cell 0 + mean of cell 1 - mean of cell 2
-        return s[0].mean(axis=1) + s[1].mean(axis=1) - s[2].mean(axis=1)
 
-    point, low, high = aggregate.stratified_bootstrap(cells, stat, reps=reps, seed=5)
-    rng = np.random.default_rng(5)
-    idx = [rng.integers(0, len(c), size=(reps, len(c))) for c in cells]
-    dist = [
-        sum(sgn * float(np.mean([c[j] for j in ix[b]])) for sgn, c, ix in zip((1, 1, -1), cells, idx)) for b in range(reps)
-    ]
-    assert point == pytest.approx(cells[0].mean() + cells[1].mean() - cells[2].mean())
-    assert (low, high) == pytest.approx(tuple(np.percentile(dist, [2.5, 97.5])))
-    const = aggregate.stratified_bootstrap([np.full(5, 0.3)], lambda s: s[0].mean(axis=1), reps=50)
-    assert const == pytest.approx((0.3, 0.3, 0.3))
+def test_probability_of_improvement_by_pairs(synthetic):
+    """P(X > PPO) at each lag against counting pairs: mean over tasks of P(x > y) + P(x = y) / 2."""
+    res = synthetic[2]
+    poi, final = res["improvement"].set_index(["x", "y"]), res["final"]
+    for algo, lag in (("vaco", 8), ("spo", 0), ("impala", 8)):
+        per_task = []
+        for task in REF:
+            cell = lambda a: final[
+                (final.algo == a) & (final.lag == lag) & (final.task == task)
+            ].normalized_score  # noqa: E731
+            x, y = cell(algo).to_numpy(), cell("ppo").to_numpy()
+            per_task.append(np.mean([(a > b) + 0.5 * (a == b) for a in x for b in y]))
+        r = poi.loc[(f"{algo} lag {lag}", f"ppo lag {lag}")]
+        assert r.estimate == pytest.approx(np.mean(per_task)) and r.ci_low <= r.estimate <= r.ci_high
 
 
 def test_final_scores_and_tables(synthetic):
@@ -606,26 +617,6 @@ def test_primary_measure_and_ablations(synthetic):
     assert abl.loc[("vaco-nofilter", "TaskA-v0"), "estimate"] == pytest.approx(0.3 - 0.4)
     assert abl.loc[("vaco-norealign", "pooled"), "estimate"] == pytest.approx(((0.35 - 0.4) + (0.35 - 0.5)) / 2)
     assert (abl["lag"] == 8).all()
-    # the interval equals an independent loop over the same resampled indices (cells in task, term order)
-    cells = [
-        res["final"].query("algo == @a and lag == @k and task == @t").sort_values("seed").normalized_score.to_numpy()
-        for t in sorted(REF)
-        for a, k in (("vaco", 8), ("vaco", 0), ("ppo", 8), ("ppo", 0))
-    ]
-    rng = np.random.default_rng(0)
-    idx = [rng.integers(0, len(c), size=(300, len(c))) for c in cells]
-    pooled = [
-        np.mean(
-            [
-                sum(
-                    sg * c[ix[b]].mean() for sg, c, ix in zip((1, -1, -1, 1), cells[4 * t : 4 * t + 4], idx[4 * t : 4 * t + 4])
-                )
-                for t in range(2)
-            ]
-        )
-        for b in range(300)
-    ]
-    assert (d.loc["pooled", "ci_low"], d.loc["pooled", "ci_high"]) == pytest.approx(tuple(np.percentile(pooled, [2.5, 97.5])))
 
 
 def test_verdict(synthetic, tmp_path, monkeypatch):
@@ -684,6 +675,53 @@ def test_verdict(synthetic, tmp_path, monkeypatch):
     ), proc.stderr
 
 
+def test_deciles_post_hoc(tmp_path):
+    """Per-decile means against a loop over the steps with the boundaries written out; 1-9 and the whole run too."""
+    steps = list(range(50, 1001, 50))  # 20 iterations, 2 per decile
+    rs = np.random.RandomState(3)
+    values = {seed: {c: rs.rand(len(steps)) for c in aggregate.DECILE_COLUMNS} for seed in (1, 2, 3)}
+    g = tmp_path / "g"
+    for seed, cols in values.items():
+        rec = synthetic_record("vaco", "TaskA-v0", 8, seed, 0.5, steps=steps)
+        for c, v in cols.items():
+            rec["scalars"][c] = [float(x) for x in v]
+        aggregate.write_record(rec, g / f"{seed}.json.gz")
+    ref = tmp_path / "ref.csv"
+    ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\n")
+    res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=5, log=lambda m: None)
+    dec = pd.read_csv(tmp_path / "o" / "deciles.csv", comment="#", dtype={"decile": str}).set_index("decile")
+    assert dec.index.tolist() == [*map(str, range(1, 11)), "1-9", "all"] and (dec.runs == 3).all()
+    for c in aggregate.DECILE_COLUMNS:
+        for d in range(1, 11):
+            per_run = [
+                np.mean([v for s, v in zip(steps, values[k][c]) if (d - 1) * T / 10 < s <= d * T / 10]) for k in (1, 2, 3)
+            ]
+            assert dec.loc[str(d), f"{c}_mean"] == pytest.approx(np.mean(per_run), rel=1e-5)
+            assert dec.loc[str(d), f"{c}_ci95"] == pytest.approx(4.302653 * np.std(per_run, ddof=1) / np.sqrt(3), rel=1e-4)
+        early = [np.mean([v for s, v in zip(steps, values[k][c]) if s <= 0.9 * T]) for k in (1, 2, 3)]
+        assert dec.loc["1-9", f"{c}_mean"] == pytest.approx(np.mean(early), rel=1e-5)
+        assert dec.loc["all", f"{c}_mean"] == pytest.approx(np.mean([values[k][c].mean() for k in (1, 2, 3)]), rel=1e-5)
+    assert "Post hoc, not pre-registered" in res["verdict_md"] and "deciles.png" in res["written"]
+
+
+def test_not_learned_is_marked(synthetic):
+    agg = pd.DataFrame(
+        {
+            "algo": ["a", "b", "c", "a"],
+            "lag": [0, 0, 0, 8],
+            "metric": "iqm",
+            "estimate": [0.0, 0.5, -0.01, 0.0],
+            "ci_low": [-0.01, 0.4, -0.02, 0.1],
+            "ci_high": [0.02, 0.6, 0.0, 0.2],
+        }
+    )
+    assert aggregate.not_learned(agg) == {"a", "c"} and aggregate.not_learned(agg, lag=8) == set()
+    res = synthetic[2]  # every synthetic algorithm learns: nothing marked
+    assert "†" not in res["verdict_md"]
+    md = aggregate.results_markdown(res["aggregate"], res["degradation"], res["ablation"], res["per_task"], marked={"impala"})
+    assert "| impala † | " in md and "† did not learn" in md
+
+
 def test_curves_at_logged_points_only(tmp_path):
     ref = tmp_path / "ref.csv"
     ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\nTaskB-v0,-100,100\n")
@@ -712,19 +750,21 @@ def test_figures(synthetic):
         "degradation.png",
         "ablation.png",
         "iqm_curves.png",
+        "performance_profiles.png",
+        "probability_of_improvement.png",
         "task_curves.png",
         "final_tv.png",
     ):
         assert name in res["written"] and (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    colors = aggregate.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
+    colors = aggregate_figures.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
     assert colors["vaco"] == aggregate.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
     assert len({colors[k] for k in ("impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine")}) == 6
-    assert colors == aggregate.colors_for(
+    assert colors == aggregate_figures.colors_for(
         ["ppo[fixed]", "mine", "vaco-nofilter", "spo", "ppo", "vaco", "impala"]
     )  # order-free
     # 2 tasks, no score at the reference: no median panel (= mean), no optimality gap (= 1 - mean)
-    assert aggregate.meaningful_metrics(res["final"], 2) == ["iqm", "mean"]
-    assert aggregate.meaningful_metrics(res["final"].assign(normalized_score=1.2), 3) == [
+    assert aggregate_figures.meaningful_metrics(res["final"], 2) == ["iqm", "mean"]
+    assert aggregate_figures.meaningful_metrics(res["final"].assign(normalized_score=1.2), 3) == [
         "iqm",
         "mean",
         "median",

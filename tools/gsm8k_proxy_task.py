@@ -16,6 +16,7 @@ Usage:
     python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy --workers 2    # the full grid, ~1 h on 2 cores
     python tools/gsm8k_proxy_task.py --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
     python tools/gsm8k_proxy_task.py --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
+    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy --replot       # redraw from runs.csv + curves.csv
 """
 
 import argparse
@@ -39,10 +40,12 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
-from aggregate import t_interval  # noqa: E402
+from aggregate import COLORS, t_interval  # noqa: E402
 from make_arith_task import make_task  # noqa: E402
 from tests.fixtures_gsm8k.tiny_setup import tiny_model  # noqa: E402
 
+# One colour per algorithm in every figure of the repository: PPO-clip is PPO's, VACO is VACO's.
+LOSS_COLORS = {"ppo-clip": COLORS["ppo"], "vaco": COLORS["vaco"]}
 MAX_NEW_TOKENS = 24  # the longest rationale, "9 * 9 = 81\n#### 81", is 18 characters plus the stop token
 
 
@@ -160,7 +163,13 @@ def main():
     parser.add_argument("--sft-max-steps", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel, each a subprocess with one thread")
     parser.add_argument("--work", help="folder for data, models and run folders (default: a temporary one, removed)")
+    parser.add_argument(
+        "--replot", action="store_true", help="only rewrite summary.md and forward_lag.png from --out's CSVs (no runs)"
+    )
     options = parser.parse_args()
+    if options.replot:
+        replot(options.out)
+        return
     if any(options.total_steps % k for k in options.lags):
         parser.error("--total-steps must be a multiple of every lag")
     torch.set_num_threads(1)
@@ -258,6 +267,31 @@ def write_outputs(options, runs: list, curves: list, sft: dict):
     plot(options, runs, curves, sft)
 
 
+def replot(out: str):
+    """summary.md and forward_lag.png again from the runs.csv, curves.csv and setup.json a grid wrote."""
+    tables = []
+    for name in ("runs.csv", "curves.csv"):
+        with open(os.path.join(out, name), newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        for row in rows:
+            for key, value in row.items():
+                if key in ("K", "seed", "step"):
+                    row[key] = int(value)
+                elif key != "loss" and value != "":
+                    row[key] = float(value)
+        tables.append(rows)
+    runs, curves = tables
+    with open(os.path.join(out, "setup.json")) as handle:
+        setup = json.load(handle)
+    options = argparse.Namespace(
+        out=out, lags=sorted({r["K"] for r in runs}), **{k: setup[k] for k in ("total_steps", "eval_size")}
+    )
+    with open(os.path.join(out, "summary.md"), "w") as handle:
+        handle.write(summary_markdown(runs, curves, options.total_steps))
+    plot(options, runs, curves, setup)
+    print(f"wrote {out}/summary.md, forward_lag.png")
+
+
 def mean_interval(values) -> str:
     """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/aggregate.py's interval."""
     mean, half, _ = t_interval(values)
@@ -296,39 +330,57 @@ def summary_markdown(runs: list, curves: list, total_steps: int) -> str:
 
 
 def plot(options, runs, curves, sft):
+    """Accuracy against step per loss (one panel each, darker at larger K, 95% t-band over seeds), the clipped or
+    filtered fraction and the final TV against K (mean ± 95% t-interval over seeds), with VACO's budget δ/2."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
 
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for loss, style in [("ppo-clip", "--"), ("vaco", "-")]:
-        for k in options.lags:
+    def interval(values):
+        mean, half, _ = t_interval(values)
+        return mean, 0.0 if np.isnan(half) else half
+
+    losses = [loss for loss in LOSS_COLORS if any(r["loss"] == loss for r in runs)]
+    figure, axes = plt.subplots(1, len(losses) + 2, figsize=(4.6 * (len(losses) + 2), 4), squeeze=False)
+    axes = axes[0]
+    for i, loss in enumerate(losses):
+        for j, k in enumerate(options.lags):
             rows = [c for c in curves if c["loss"] == loss and c["K"] == k]
             if not rows:
                 continue
+            shade = 0.35 + 0.65 * (j + 1) / len(options.lags)  # the loss's colour, darker at larger K
+            color = tuple(1 - shade * (1 - v) for v in to_rgb(LOSS_COLORS[loss]))
             steps = sorted({c["step"] for c in rows})
-            means = [np.mean([c["accuracy"] for c in rows if c["step"] == s]) for s in steps]
-            axes[0].plot(steps, means, style, label=f"{loss} K={k}")
+            mean, half = np.array([interval([c["accuracy"] for c in rows if c["step"] == s]) for s in steps]).T
+            axes[i].plot(steps, mean, "-o", ms=3, color=color, label=f"K={k}")
+            axes[i].fill_between(steps, mean - half, mean + half, color=color, alpha=0.12, lw=0)
+        axes[i].axhline(sft["sft_accuracy"], color="k", lw=0.8, ls=":", label="supervised start")
+        axes[i].set(xlabel="optimizer step", ylabel=f"greedy accuracy ({options.eval_size} held-out)", title=loss)
+        axes[i].legend(fontsize=7)
+    for offset, loss in zip((-0.04, 0.04), losses):
         chosen = [r for r in runs if r["loss"] == loss]
         lags = [k for k in options.lags if any(r["K"] == k for r in chosen)]
-        dropped = [np.mean([r["dropped_fraction"] for r in chosen if r["K"] == k]) for k in lags]
-        tv = [np.mean([r["tv_final"] for r in chosen if r["K"] == k]) for k in lags]
-        name = "clip fraction (PPO-clip)" if loss == "ppo-clip" else "filter fraction (VACO)"
-        axes[1].plot(lags, dropped, style + "o", label=name)
-        axes[2].plot(lags, tv, style + "o", label=loss)
-    axes[0].set(
-        xlabel="optimizer step",
-        ylabel=f"greedy accuracy ({options.eval_size} held-out)",
-        title=f"SFT start {sft['sft_accuracy']:.2f}",
-    )
-    axes[1].set(xlabel="forward lag K", ylabel="fraction of tokens", xscale="log", title="clipped vs filtered")
-    axes[2].set(xlabel="forward lag K", ylabel="TV after the update", xscale="log", title="final TV")
-    for axis in axes[1:]:
+        x = np.array(lags) * np.exp(offset)  # side by side on the log axis
+        for axis, key, name in (
+            (axes[-2], "dropped_fraction", "clip fraction (PPO-clip)" if loss == "ppo-clip" else "filter fraction (VACO)"),
+            (axes[-1], "tv_final", loss),
+        ):
+            mean, half = np.array([interval([r[key] for r in chosen if r["K"] == k]) for k in lags]).T
+            axis.errorbar(x, mean, yerr=half, fmt="-o", ms=4, capsize=2, color=LOSS_COLORS[loss], label=name)
+    half_delta = V.Args.tv_threshold / 2
+    axes[-1].axhline(half_delta, color="k", ls="--", lw=0.9, label=f"VACO's budget δ/2 = {half_delta:g}")
+    axes[-2].set(xlabel="forward lag K", ylabel="fraction of tokens", xscale="log", title="clipped vs filtered")
+    axes[-1].set(xlabel="forward lag K", ylabel="TV after the update", xscale="log", title="final TV")
+    axes[-1].set_ylim(bottom=0)
+    for axis in axes[-2:]:
         axis.set_xticks(options.lags, [str(k) for k in options.lags])
         axis.minorticks_off()
-    for axis in axes:
         axis.legend(fontsize=7)
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    figure.suptitle("means over seeds, 95% t-intervals (bands and bars)", fontsize=9)
     figure.tight_layout()
     figure.savefig(os.path.join(options.out, "forward_lag.png"), dpi=100)
     plt.close(figure)  # redrawn after every run: do not keep the old figures open
