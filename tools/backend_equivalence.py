@@ -66,18 +66,11 @@ def run_name(env_id, backend, seed):
 
 
 def t_interval(values, confidence=0.95):
-    """(mean, lower, upper, n): Student-t interval of the mean (NaN bounds for n < 2)."""
-    from scipy import stats
+    """(mean, lower, upper, n): aggregate.t_interval's Student-t interval of the mean as its two ends."""
+    from aggregate import t_interval as mean_half_n
 
-    v = np.asarray(values, float)
-    n = len(v)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    if n < 2 or v.std(ddof=1) == 0:
-        half = float("nan") if n < 2 else 0.0
-    else:
-        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * v.std(ddof=1) / math.sqrt(n))
-    return float(v.mean()), float(v.mean() - half), float(v.mean() + half), n
+    mean, half, n = mean_half_n(values, confidence)
+    return mean, mean - half, mean + half, n
 
 
 def welch_interval(a, b, confidence=0.95):
