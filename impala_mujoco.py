@@ -296,17 +296,17 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
 
 
-# ======================================================================================================================
-# The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it). Validation, the run
-# folder, checkpoints, the two vector-env backends, signals, logging, saving and evaluation; nothing below is the
-# algorithm, which reads above and in the main block.
-# ======================================================================================================================
+# ==================================================================================================
+# The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it).
+# Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
+# evaluation: nothing below is the algorithm, which reads above and in the main block.
+# ==================================================================================================
 
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
-# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are what the libraries
-# take (EnvPool's seed and torch's thread count are C ints), not what is useful.
+# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are
+# what the libraries take (EnvPool's seed and torch's thread count are C ints), not what is useful.
 CHECKS = [
     (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("num_envs", "num_steps", "total_timesteps"), lambda v: v > 0, "> 0"),
@@ -314,13 +314,13 @@ CHECKS = [
     (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
     (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
 ]
-# On --resume the command line may change only these; everything else is the saved run's. The run folder is where
-# the run is now (it may have been moved). EnvPool's results do not depend on its thread count; torch's change
-# slightly with theirs.
-RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track", "torch_threads"}
-RESUME_MAY_CHANGE |= {"env_threads", "run_dir"}
-# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's SyncVectorEnv is faster
-# (README, Throughput: Hopper-v5 at CleanRL's shape).
+# On --resume the command line may change only these; everything else is the saved run's. The run
+# folder is where the run is now (it may have been moved). EnvPool's results do not depend on its
+# thread count; torch's change slightly with theirs.
+RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track"}
+RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
+# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
+# SyncVectorEnv is faster (README, Throughput: Hopper-v5 at CleanRL's shape).
 ENVPOOL_FROM_NUM_ENVS = 8
 # What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
 CHECKPOINT_KEYS = set(
@@ -337,8 +337,9 @@ class Progress:
     final_tv: float = float("nan")  # TV(pi_theta, beta) after the last update
     rollout_seconds: float = 0.0
     update_seconds: float = 0.0
-    elapsed: float = 0.0  # wall-clock seconds of the run before this process (a resumed run counts them)
-    return_history: list = dataclasses.field(default_factory=list)  # (global_step, mean episodic return) per iteration
+    elapsed: float = 0.0  # wall-clock seconds up to the checkpoint (a resumed run counts them)
+    # (global_step, mean episodic return) of every iteration that finished an episode
+    return_history: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         self.start_time = time.time() - self.elapsed
@@ -354,7 +355,8 @@ def env_spaces(env_id, env_backend):
         import envpool
 
         if env_id not in envpool.list_all_envs():
-            hint = "a gymnasium id: try --env-backend gymnasium" if env_id in gym.registry else "nor in gymnasium's registry"
+            in_gym = env_id in gym.registry
+            hint = "a gymnasium id: try --env-backend gymnasium" if in_gym else "nor in gymnasium's registry"
             raise ValueError(f"unknown env id for envpool: {env_id!r} ({hint})")
         spec = envpool.make_spec(env_id)
         return spec.action_space, spec.observation_space
@@ -386,7 +388,8 @@ def check_args(args: Args) -> None:
         raise ValueError("--capture-video needs --env-backend gymnasium")
     action_space, observation_space = env_spaces(args.env_id, args.env_backend)
     if not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(f"{args.env_id} has a {type(action_space).__name__} action space; only continuous (Box) is supported")
+        kind = type(action_space).__name__
+        raise ValueError(f"{args.env_id} has a {kind} action space; only continuous (Box) is supported")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
     if args.eval_episodes and args.env_backend == "envpool":
@@ -395,8 +398,10 @@ def check_args(args: Args) -> None:
         except ValueError as e:
             raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
     # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
-    need = 4 * args.batch_size * (6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160) + args.num_envs * 2**21
-    meminfo = re.search(r"MemAvailable:\s+(\d+)", open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else "")
+    per_sample = 6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160
+    need = 4 * args.batch_size * per_sample + args.num_envs * 2**21
+    proc_meminfo = open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else ""
+    meminfo = re.search(r"MemAvailable:\s+(\d+)", proc_meminfo)
     available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
     if need > available:
         raise ValueError(
@@ -411,7 +416,8 @@ def check_args(args: Args) -> None:
                 model = mujoco.MjModel.from_xml_string("<mujoco/>")
                 OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
         except Exception as e:
-            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
+            why = str(e).splitlines()[0]
+            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {why}")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
@@ -438,7 +444,8 @@ def tyro_cli(argv, default=None):
             sys.stderr.write(captured.getvalue())
             raise
         # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
-        lines = [re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", line).strip() for line in captured.getvalue().splitlines()]
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue())
+        lines = [line.strip() for line in text.splitlines()]
         title = next((i for i, line in enumerate(lines) if line), len(lines))
         body = lines[title + 1 :]
         text = " ".join(body[: body.index("")] if "" in body else body)
@@ -446,8 +453,8 @@ def tyro_cli(argv, default=None):
 
 
 def choose_backend(args):
-    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, gymnasium below it,
-    for a task EnvPool lacks, and for video."""
+    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up,
+    gymnasium below it, for a task EnvPool lacks, and for video."""
     import envpool
 
     many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
@@ -455,8 +462,9 @@ def choose_backend(args):
 
 
 def read_checkpoint(run_dir):
-    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read. checkpoint.prev.pt (the
-    one before) is taken only where checkpoint.pt is missing: a crash between save_checkpoint's two renames."""
+    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read.
+    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash
+    between save_checkpoint's two renames."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
     if not os.path.exists(path):
         if not os.path.exists(previous):
@@ -496,7 +504,8 @@ def parse_args(argv=None) -> Args:
             except (OSError, ValueError, TypeError) as e:
                 raise ValueError(f"{saved_args} cannot be read ({type(e).__name__}: {str(e)[:100]})")
             args = tyro_cli(argv, default=saved)
-            changed = [k for k, v in dataclasses.asdict(saved).items() if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
+            saved_values = dataclasses.asdict(saved).items()
+            changed = [k for k, v in saved_values if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
             if changed:
                 raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
         if args.env_backend == "auto":
@@ -527,8 +536,9 @@ def prepare_run_dir(args, run_name):
 
 
 def start_run(args):
-    """Everything before the envs and the model: the run folder, the checkpoint to resume from (or None), the signal
-    handlers, wandb, TensorBoard, the seeds and the device. Returns (run_dir, checkpoint, stop, writer, rng, device)."""
+    """Everything before the envs and the model: the run folder, the checkpoint to resume from (or
+    None), the signal handlers, wandb, TensorBoard, the seeds and the device. Returns (run_dir,
+    checkpoint, stop, writer, rng, device)."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = prepare_run_dir(args, run_name)
     checkpoint = read_checkpoint(run_dir) if args.resume else None
@@ -612,15 +622,15 @@ class GymnasiumEnvs:
             sim = env.unwrapped
             physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
             mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
-            states.append(
-                (torch.from_numpy(physics), sim.np_random.bit_generator.state, env.get_wrapper_attr("_elapsed_steps"))
-            )
+            elapsed_steps = env.get_wrapper_attr("_elapsed_steps")
+            states.append((torch.from_numpy(physics), sim.np_random.bit_generator.state, elapsed_steps))
         return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs)}
 
     def set_state(self, state):
         for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
-            mujoco.mj_setState(env.unwrapped.model, env.unwrapped.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-            env.unwrapped.np_random.bit_generator.state = rng_state
+            sim = env.unwrapped
+            mujoco.mj_setState(sim.model, sim.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+            sim.np_random.bit_generator.state = rng_state
             env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
         self.envs._autoreset_envs = state["autoreset"].numpy().copy()
 
@@ -679,7 +689,8 @@ def stop_on_signals():
     def handler(signum, frame):
         received.append(signum)
         signal.signal(signum, signal.SIG_DFL)
-        print(f"\n{signal.Signals(signum).name}: stopping after this iteration (send it again to stop now)", flush=True)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -687,8 +698,8 @@ def stop_on_signals():
 
 
 class EpisodeStats:
-    """The return and length of each env's episode in progress, and those of the episodes finished since the last
-    log_iteration (which logs and clears them)."""
+    """The return and length of each env's episode in progress, and those of the episodes finished
+    since the last log_iteration (which logs and clears them)."""
 
     def __init__(self, num_envs):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
@@ -705,13 +716,13 @@ class EpisodeStats:
 
 
 def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what restore returns
-    besides the progress. Written to a temporary file first; the checkpoint it replaces is kept as
-    checkpoint.prev.pt, so a crash at any point leaves a readable one."""
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what
+    restore returns besides the progress. Written to a temporary file first; the checkpoint it
+    replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
     if args.track:
         import wandb
     next_obs, discounted_return, episode_stats = running
-    episodes = (next_obs, *map(torch.from_numpy, (discounted_return, episode_stats.returns, episode_stats.lengths)))
+    in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
     state = {
         "agent": agent.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -721,7 +732,7 @@ def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, po
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "envs": envs.get_state(),
-        "episodes": episodes,
+        "episodes": (next_obs, *map(torch.from_numpy, in_numpy)),
         "progress": {**dataclasses.asdict(progress), "elapsed": progress.seconds()},
         "wandb_id": wandb.run.id if args.track else None,
     }
@@ -739,7 +750,8 @@ def restore(args, checkpoint, envs, device, agent, optimizer, policy_buffer, ret
     """Where the run starts: (progress, next_obs, discounted_return, episode_stats) of a fresh run or, with a
     checkpoint, where it left off; the objects given get their saved states (RNG states last)."""
     next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
-    discounted_return, episode_stats = np.zeros(args.num_envs, dtype=np.float32), EpisodeStats(args.num_envs)
+    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
+    episode_stats = EpisodeStats(args.num_envs)
     if checkpoint is None:
         return Progress(), next_obs, discounted_return, episode_stats
     agent.load_state_dict(checkpoint["agent"])
@@ -761,8 +773,8 @@ def restore(args, checkpoint, envs, device, agent, optimizer, policy_buffer, ret
 
 
 def log_iteration(writer, args, progress, episode_stats, scalars):
-    """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's scalars, the time
-    spent; and its line to stdout."""
+    """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's
+    scalars, the time spent; and its line to stdout."""
     step, finished_returns = progress.global_step, episode_stats.finished_returns
     if finished_returns:
         progress.return_history.append((step, float(np.mean(finished_returns))))
@@ -847,9 +859,9 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run
 
 
-# ======================================================================================================================
+# ==================================================================================================
 # End of the run's plumbing.
-# ======================================================================================================================
+# ==================================================================================================
 
 
 if __name__ == "__main__":
