@@ -40,61 +40,11 @@ from torch.utils.tensorboard import SummaryWriter
 
 # Argument checks cost a measurable share of every acting step; our inputs are always valid.
 Normal.set_default_validate_args(False)
-# mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
-mujoco.set_mju_user_warning(lambda msg: None)
 
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """if toggled, train on CUDA when it is available (the 64-64 MLPs are usually faster on CPU)"""
-    torch_threads: int = 1
-    """torch CPU threads; results are bit-identical for the same seed and thread count"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "vaco"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record videos of env 0 to `<run-dir>/videos` (needs --env-backend gymnasium; headless: MUJOCO_GL=egl)"""
-    save_model: bool = False
-    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on SIGINT/SIGTERM"""
-    eval_episodes: int = 10
-    """episodes of deterministic evaluation (mean action, frozen statistics) after training; 0 disables it"""
-    run_dir: Optional[str] = None
-    """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
-    resume: bool = False
-    """continue the run in `--run-dir` from its checkpoint.pt, with its saved arguments"""
-    overwrite: bool = False
-    """delete the run that `--run-dir` already holds and start afresh (otherwise an existing run is refused)"""
-    checkpoint_every: int = 5
-    """write `<run-dir>/checkpoint.pt` every N iterations (default shape: every ~15 min) and on SIGINT/SIGTERM"""
-
-    # Environment and simulated asynchrony (docs/method.md §2)
-    env_id: str = "HalfCheetah-v5"
-    """the id of the environment (a MuJoCo task with a continuous action space)"""
-    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume); auto:
-    EnvPool from 8 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
-    env_threads: int = 0
-    """EnvPool worker threads (0: one per CPU core)"""
-    num_envs: int = 500
-    """the number of parallel actors (paper: 500)"""
-    num_steps: int = 1000
-    """the number of steps each actor runs per rollout (paper: 1000)"""
-    lag: int = 0
-    """the largest policy staleness, in updates: the buffer keeps the lag+1 most recent policies (0: on-policy)"""
-    lag_mode: Literal["uniform", "fixed"] = "uniform"
-    """uniform: each actor draws a buffer entry uniformly per rollout; fixed (ours): every actor uses the oldest"""
-
-    # Algorithm specific arguments
+    # The algorithm
     total_timesteps: int = 100_000_000
     """total timesteps of the experiments (paper: 100M)"""
     learning_rate: float = 3e-4
@@ -128,6 +78,55 @@ class Args:
     c_bar: float = 1.0
     """V-trace truncation of the trace: c_t = gae_lambda * min(c_bar, pi/beta)"""
 
+    # Environment and simulated asynchrony (docs/method.md §2)
+    env_id: str = "HalfCheetah-v5"
+    """the id of the environment (a MuJoCo task with a continuous action space)"""
+    num_envs: int = 500
+    """the number of parallel actors (paper: 500)"""
+    num_steps: int = 1000
+    """the number of steps each actor runs per rollout (paper: 1000)"""
+    lag: int = 0
+    """the largest policy staleness, in updates: the buffer keeps the lag+1 most recent policies (0: on-policy)"""
+    lag_mode: Literal["uniform", "fixed"] = "uniform"
+    """uniform: each actor draws a buffer entry uniformly per rollout; fixed (ours): every actor uses the oldest"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume); auto:
+    EnvPool from 8 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
+    env_threads: int = 0
+    """EnvPool worker threads (0: one per CPU core)"""
+
+    # The run
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """if toggled, train on CUDA when it is available (the 64-64 MLPs are usually faster on CPU)"""
+    torch_threads: int = 1
+    """torch CPU threads; results are bit-identical for the same seed and thread count"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """record videos of env 0 to `<run-dir>/videos` (needs --env-backend gymnasium; headless: MUJOCO_GL=egl)"""
+    save_model: bool = False
+    """save the agent (weights and observation statistics) and the args to `<run-dir>`; also on SIGINT/SIGTERM"""
+    eval_episodes: int = 10
+    """episodes of deterministic evaluation (mean action, frozen statistics) after training; 0 disables it"""
+    run_dir: Optional[str] = None
+    """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
+    resume: bool = False
+    """continue the run in `--run-dir` from its checkpoint.pt, with its saved arguments"""
+    overwrite: bool = False
+    """delete the run that `--run-dir` already holds and start afresh (otherwise an existing run is refused)"""
+    checkpoint_every: int = 5
+    """write `<run-dir>/checkpoint.pt` every N iterations (default shape: every ~15 min) and on SIGINT/SIGTERM"""
+
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
@@ -141,307 +140,15 @@ class Args:
         return self.total_timesteps // self.batch_size
 
 
-# Every numeric flag by its meaning: (flags, rule, what the rule says). NaN fails every rule. The upper bounds are
-# what the libraries take (EnvPool's seed and torch's thread count are C ints), not what is useful.
-CHECKS = [
-    (("seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("lag",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("eval_episodes", "checkpoint_every"), lambda v: v >= 0, ">= 0"),
-    (("ent_coef", "vf_coef"), lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
-    (("num_envs", "num_steps", "total_timesteps", "num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
-    (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
-    (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
+# The algorithm's flags by meaning: (flags, rule, what the rule says); NaN fails every rule. check_args adds CHECKS.
+ALGORITHM_CHECKS = [
     (("learning_rate", "clip_coef", "max_grad_norm"), lambda v: 0 < v < float("inf"), "a positive number"),
     (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("ent_coef", "vf_coef"), lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
+    (("num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
     (("target_kl",), lambda v: v is None or v > 0, "> 0"),
+    (("rho_bar", "c_bar"), lambda v: v > 0, "> 0"),
 ]
-CHECKS += [(("rho_bar", "c_bar"), lambda v: v > 0, "> 0")]
-# On --resume the command line may change only these; everything else is the saved run's. The run folder is where
-# the run is now (it may have been moved). EnvPool's results do not depend on its thread count; torch's change
-# slightly with theirs.
-RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track", "torch_threads"}
-RESUME_MAY_CHANGE |= {"env_threads", "run_dir"}
-# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's SyncVectorEnv is faster
-# (README, Throughput: Hopper-v5 at CleanRL's shape).
-ENVPOOL_FROM_NUM_ENVS = 8
-# What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
-CHECKPOINT_KEYS = set(
-    "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
-)
-
-
-def env_spaces(env_id, env_backend):
-    """(action space, observation space) of one env; a one-line ValueError if the id is unknown or cannot be built."""
-    if env_backend == "envpool":
-        import envpool
-
-        if env_id not in envpool.list_all_envs():
-            hint = "a gymnasium id: try --env-backend gymnasium" if env_id in gym.registry else "nor in gymnasium's registry"
-            raise ValueError(f"unknown env id for envpool: {env_id!r} ({hint})")
-        spec = envpool.make_spec(env_id)
-        return spec.action_space, spec.observation_space
-    if env_id not in gym.registry:
-        raise ValueError(f"unknown env id: {env_id!r} (not in gymnasium's registry)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            probe = gym.make(env_id)
-    except Exception as e:  # registered, but a dependency is missing (e.g. mujoco-py for -v2, Box2D)
-        raise ValueError(f"{env_id} cannot be built: {type(e).__name__}: {str(e).splitlines()[0]}")
-    probe.close()
-    return probe.action_space, probe.observation_space
-
-
-def check_args(args: Args) -> None:
-    """Raise ValueError with a one-line message for input that cannot run, before any env, model or file is made."""
-    for names, rule, meaning in CHECKS:
-        for name in names:
-            if not rule(getattr(args, name)):
-                raise ValueError(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-    if args.batch_size % args.num_minibatches:
-        raise ValueError(f"the batch of {args.batch_size} does not divide into {args.num_minibatches} minibatches")
-    if args.norm_adv and args.minibatch_size < 2:
-        raise ValueError(f"a minibatch of {args.minibatch_size} sample cannot be normalised (--norm-adv)")
-    if args.total_timesteps < args.batch_size:
-        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.capture_video and args.env_backend == "envpool":
-        raise ValueError("--capture-video needs --env-backend gymnasium")
-    action_space, observation_space = env_spaces(args.env_id, args.env_backend)
-    if not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(f"{args.env_id} has a {type(action_space).__name__} action space; only continuous (Box) is supported")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
-    if args.eval_episodes and args.env_backend == "envpool":
-        try:  # evaluate() runs on gymnasium, which may lack an id that EnvPool has (e.g. the -v3 tasks)
-            env_spaces(args.env_id, "gymnasium")
-        except ValueError as e:
-            raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
-    # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
-    need = 4 * args.batch_size * (6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160) + args.num_envs * 2**21
-    meminfo = re.search(r"MemAvailable:\s+(\d+)", open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else "")
-    available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
-    if need > available:
-        raise ValueError(
-            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
-        )
-    if args.capture_video:
-        try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
-            from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = mujoco.MjModel.from_xml_string("<mujoco/>")
-                OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
-        except Exception as e:
-            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
-    if args.resume and args.overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
-    if args.resume and not args.run_dir:
-        raise ValueError("--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)")
-    if args.resume and not os.path.exists(f"{args.run_dir}/args.json"):
-        raise ValueError(f"--resume: {args.run_dir} holds no run (no args.json)")
-    if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
-        raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
-    parent = os.path.abspath(args.run_dir or "runs")
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise ValueError(f"--run-dir {args.run_dir}: {parent} is not a writable folder")
-
-
-def tyro_cli(argv, default=None):
-    """tyro.cli on Args, its boxed error message folded into a one-line ValueError (--help prints as usual)."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(captured):
-            return tyro.cli(Args, args=argv, default=default)
-    except SystemExit as e:
-        if not e.code:
-            sys.stderr.write(captured.getvalue())
-            raise
-        # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
-        lines = [re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", line).strip() for line in captured.getvalue().splitlines()]
-        title = next((i for i, line in enumerate(lines) if line), len(lines))
-        body = lines[title + 1 :]
-        text = " ".join(body[: body.index("")] if "" in body else body)
-        raise ValueError(text or "cannot parse the command line (see --help)")
-
-
-def choose_backend(args):
-    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, gymnasium below it,
-    for a task EnvPool lacks, and for video."""
-    import envpool
-
-    many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
-    return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
-
-
-def read_checkpoint(run_dir):
-    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read. checkpoint.prev.pt (the
-    one before) is taken only where checkpoint.pt is missing: a crash between save_checkpoint's two renames."""
-    path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
-    if not os.path.exists(path):
-        if not os.path.exists(previous):
-            return None
-        path = previous
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, empty, not a torch file: UnpicklingError, RuntimeError, EOFError, ...
-        state = e
-    if isinstance(state, dict) and CHECKPOINT_KEYS <= set(state):
-        return state
-    why = type(state).__name__ if isinstance(state, Exception) else "not a checkpoint of this script"
-    hint = "--overwrite starts the run afresh"
-    if path != previous and os.path.exists(previous):
-        hint = "the one before is checkpoint.prev.pt: rename it to checkpoint.pt to resume from there"
-    raise ValueError(f"{path} is damaged ({why}); {hint}")
-
-
-def parse_args(argv=None) -> Args:
-    """tyro CLI plus validation. Bad input prints one `error:` line and exits with code 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`.
-    bool_fields = {f.name for f in dataclasses.fields(Args) if f.type is bool}
-    for i, arg in enumerate(argv):
-        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
-        if m and m.group(1).replace("-", "_") in bool_fields:
-            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
-    try:
-        args = tyro_cli(argv)
-        saved_args = f"{args.run_dir}/args.json"
-        if args.resume and args.run_dir and os.path.exists(saved_args):
-            # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
-            try:
-                with open(saved_args) as f:
-                    saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
-            except (OSError, ValueError, TypeError) as e:
-                raise ValueError(f"{saved_args} cannot be read ({type(e).__name__}: {str(e)[:100]})")
-            args = tyro_cli(argv, default=saved)
-            changed = [k for k, v in dataclasses.asdict(saved).items() if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
-            if changed:
-                raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
-        if args.env_backend == "auto":
-            args = dataclasses.replace(args, env_backend=choose_backend(args))
-        check_args(args)
-        if args.resume:
-            read_checkpoint(args.run_dir)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    return args
-
-
-def prepare_run_dir(args, run_name):
-    """Create (or, with --overwrite, recreate) the run folder and write args.json; errors as in parse_args."""
-    run_dir = args.run_dir or f"runs/{run_name}"
-    try:
-        if args.overwrite and os.path.exists(f"{run_dir}/args.json"):
-            shutil.rmtree(run_dir)
-        os.makedirs(run_dir, exist_ok=True)
-        with open(f"{run_dir}/args.json", "w") as f:  # the folder it is in, not how it was spelled
-            json.dump(dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))), f, indent=2)
-    except OSError as e:
-        print(f"error: cannot write the run folder {run_dir}: {e.strerror}", file=sys.stderr)
-        raise SystemExit(2)
-    print(f"run folder: {run_dir}", flush=True)
-    return run_dir
-
-
-def make_env(env_id, idx, capture_video, run_dir, max_episode_steps=None):
-    def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", max_episode_steps=max_episode_steps)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        else:
-            env = gym.make(env_id, max_episode_steps=max_episode_steps)
-        return env
-
-    return thunk
-
-
-class GymnasiumEnvs:
-    """gymnasium's SyncVectorEnv in same-step autoreset mode: the observation returned at an episode end is
-    already the next episode's first one, and the true final observation comes back as `final_obs`."""
-
-    def __init__(self, env_id, num_envs, seed, capture_video=False, run_dir=None, max_episode_steps=None):
-        self.envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, i, capture_video, run_dir, max_episode_steps) for i in range(num_envs)],
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
-        self.seed = seed
-        self.single_observation_space = self.envs.single_observation_space
-        self.single_action_space = self.envs.single_action_space
-
-    def reset(self):
-        return self.envs.reset(seed=self.seed)[0]
-
-    def step(self, actions):
-        """Returns (next_obs, reward, terminated, truncated, final_obs); final_obs == next_obs where not done."""
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        final_obs = obs
-        if "_final_obs" in info:
-            final_obs = obs.copy()
-            ended = info["_final_obs"]
-            final_obs[ended] = np.stack(info["final_obs"][ended])
-        return obs, reward, terminated, truncated, final_obs
-
-    def get_state(self):
-        """What the envs' future depends on: each env's full MuJoCo state, RNG and time-limit counter."""
-        states = []
-        for env in self.envs.envs:
-            sim = env.unwrapped
-            physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
-            mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
-            states.append(
-                (torch.from_numpy(physics), sim.np_random.bit_generator.state, env.get_wrapper_attr("_elapsed_steps"))
-            )
-        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs)}
-
-    def set_state(self, state):
-        for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
-            mujoco.mj_setState(env.unwrapped.model, env.unwrapped.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-            env.unwrapped.np_random.bit_generator.state = rng_state
-            env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
-        self.envs._autoreset_envs = state["autoreset"].numpy().copy()
-
-    def close(self):
-        self.envs.close()
-
-
-class EnvPoolEnvs:
-    """EnvPool with the same interface and semantics as GymnasiumEnvs. EnvPool resets an env on the step
-    *after* its episode ended (that step ignores the action and returns reward 0); we take that reset step for
-    the ended envs at once, so a reset-only transition never reaches the rollout buffer."""
-
-    def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
-        import envpool
-
-        kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-        self.envs = envpool.make(
-            env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads or os.cpu_count(), **kwargs
-        )
-        self.single_observation_space = self.envs.observation_space
-        self.single_action_space = self.envs.action_space
-
-    def reset(self):
-        return self.envs.reset()[0]
-
-    def step(self, actions):
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        final_obs = obs
-        ended = np.flatnonzero(terminated | truncated)
-        if len(ended):
-            obs = obs.copy()
-            idle_actions = np.zeros((len(ended),) + self.single_action_space.shape, dtype=actions.dtype)
-            reset_obs, _, _, _, reset_info = self.envs.step(idle_actions, ended)
-            obs[reset_info["env_id"]] = reset_obs
-        return obs, reward, terminated, truncated, final_obs
-
-    def get_state(self):
-        return None  # EnvPool's C++ envs cannot be saved: after a resume their episodes restart
-
-    def close(self):
-        self.envs.close()
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -509,33 +216,6 @@ class Agent(nn.Module):
         """(mean, sample) of pi(.|s): the arithmetic and random stream of get_dist(x).sample(), without its overhead."""
         action_mean = self.actor_mean(self.normalize(x))
         return action_mean, action_mean + self.actor_logstd.exp() * torch.randn_like(action_mean)
-
-
-def load_agent(path):
-    """Rebuild a saved agent (weights and observation statistics) for evaluation."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    agent = Agent(saved["obs_dim"], saved["act_dim"])
-    agent.load_state_dict(saved["agent"])
-    return agent
-
-
-def evaluate(agent, env_id, episodes, seed):
-    """Deterministic evaluation: the mean action, with the observation statistics frozen inside the agent."""
-    env = gym.make(env_id)
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, episodic_return = False, 0.0
-        while not done:
-            with torch.no_grad():
-                action = agent.get_dist(torch.as_tensor(obs, dtype=torch.float32)[None]).mean[0]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
-            episodic_return += float(reward)
-            done = terminated or truncated
-        returns.append(episodic_return)
-    env.close()
-    return returns
 
 
 def draw_staleness(num_policies, num_envs, mode, rng):
@@ -616,60 +296,249 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
 
 
-def stop_on_signals():
-    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
-    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-        print(f"\n{signal.Signals(signum).name}: stopping after this iteration (send it again to stop now)", flush=True)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return received
+# ==================================================================================================
+# The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it).
+# Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
+# evaluation: nothing below is the algorithm, which reads above and in the main block.
+# ==================================================================================================
 
 
-def save_checkpoint(run_dir, agent, optimizer, policy_buffer, return_rms, rng, **values):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt. Written to a temporary file first;
-    the checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
-    state = {
-        "agent": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "policy_buffer": [policy.state_dict() for policy in policy_buffer],
-        "return_rms": return_rms.state_dict(),
-        "rng": rng.bit_generator.state,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        **values,
-    }
-    path = f"{run_dir}/checkpoint.pt"
-    with open(f"{path}.tmp", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
-    if os.path.exists(path):
-        os.replace(path, f"{run_dir}/checkpoint.prev.pt")
-    os.replace(f"{path}.tmp", path)
+# mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
+mujoco.set_mju_user_warning(lambda msg: None)
+# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are
+# what the libraries take (EnvPool's seed and torch's thread count are C ints), not what is useful.
+CHECKS = [
+    (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("num_envs", "num_steps", "total_timesteps"), lambda v: v > 0, "> 0"),
+    (("eval_episodes", "checkpoint_every"), lambda v: v >= 0, ">= 0"),
+    (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
+    (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
+]
+# On --resume the command line may change only these; everything else is the saved run's. The run
+# folder is where the run is now (it may have been moved). EnvPool's results do not depend on its
+# thread count; torch's change slightly with theirs.
+RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track"}
+RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
+# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
+# SyncVectorEnv is faster (README, Throughput: Hopper-v5 at CleanRL's shape).
+ENVPOOL_FROM_NUM_ENVS = 8
+# What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
+CHECKPOINT_KEYS = set(
+    "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
+)
 
 
-def load_checkpoint(state, agent, optimizer, policy_buffer, return_rms, rng):
-    """Restore what save_checkpoint saved into the objects of a freshly started run (RNG states last)."""
-    agent.load_state_dict(state["agent"])
-    optimizer.load_state_dict(state["optimizer"])
-    for policy in state["policy_buffer"]:
-        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
-        policy_buffer[-1].load_state_dict(policy)
-    return_rms.load_state_dict(state["return_rms"])
-    rng.bit_generator.state = state["rng"]
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"]:
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+@dataclass
+class Progress:
+    """Where the run stands. A checkpoint holds it as a plain dict: torch.load(weights_only=True) refuses classes."""
+
+    global_step: int = 0
+    iteration: int = 0
+    final_tv: float = float("nan")  # TV(pi_theta, beta) after the last update
+    rollout_seconds: float = 0.0
+    update_seconds: float = 0.0
+    elapsed: float = 0.0  # wall-clock seconds up to the checkpoint (a resumed run counts them)
+    # (global_step, mean episodic return) of every iteration that finished an episode
+    return_history: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.start_time = time.time() - self.elapsed
+
+    def seconds(self):
+        """Wall-clock seconds since the run started, a resumed run's earlier processes included."""
+        return time.time() - self.start_time
 
 
-if __name__ == "__main__":
-    args = parse_args()
+def env_spaces(env_id, env_backend):
+    """(action space, observation space) of one env; a one-line ValueError if the id is unknown or cannot be built."""
+    if env_backend == "envpool":
+        import envpool
+
+        if env_id not in envpool.list_all_envs():
+            in_gym = env_id in gym.registry
+            hint = "a gymnasium id: try --env-backend gymnasium" if in_gym else "nor in gymnasium's registry"
+            raise ValueError(f"unknown env id for envpool: {env_id!r} ({hint})")
+        spec = envpool.make_spec(env_id)
+        return spec.action_space, spec.observation_space
+    if env_id not in gym.registry:
+        raise ValueError(f"unknown env id: {env_id!r} (not in gymnasium's registry)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = gym.make(env_id)
+    except Exception as e:  # registered, but a dependency is missing (e.g. mujoco-py for -v2, Box2D)
+        raise ValueError(f"{env_id} cannot be built: {type(e).__name__}: {str(e).splitlines()[0]}")
+    probe.close()
+    return probe.action_space, probe.observation_space
+
+
+def check_args(args: Args) -> None:
+    """Raise ValueError with a one-line message for input that cannot run, before any env, model or file is made."""
+    for names, rule, meaning in CHECKS + ALGORITHM_CHECKS:
+        for name in names:
+            if not rule(getattr(args, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+    if args.batch_size % args.num_minibatches:
+        raise ValueError(f"the batch of {args.batch_size} does not divide into {args.num_minibatches} minibatches")
+    if args.norm_adv and args.minibatch_size < 2:
+        raise ValueError(f"a minibatch of {args.minibatch_size} sample cannot be normalised (--norm-adv)")
+    if args.total_timesteps < args.batch_size:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.capture_video and args.env_backend == "envpool":
+        raise ValueError("--capture-video needs --env-backend gymnasium")
+    action_space, observation_space = env_spaces(args.env_id, args.env_backend)
+    if not isinstance(action_space, gym.spaces.Box):
+        kind = type(action_space).__name__
+        raise ValueError(f"{args.env_id} has a {kind} action space; only continuous (Box) is supported")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
+    if args.eval_episodes and args.env_backend == "envpool":
+        try:  # evaluate() runs on gymnasium, which may lack an id that EnvPool has (e.g. the -v3 tasks)
+            env_spaces(args.env_id, "gymnasium")
+        except ValueError as e:
+            raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
+    # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
+    per_sample = 6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160
+    need = 4 * args.batch_size * per_sample + args.num_envs * 2**21
+    proc_meminfo = open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else ""
+    meminfo = re.search(r"MemAvailable:\s+(\d+)", proc_meminfo)
+    available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
+    if need > available:
+        raise ValueError(
+            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
+        )
+    if args.capture_video:
+        try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
+            from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = mujoco.MjModel.from_xml_string("<mujoco/>")
+                OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
+        except Exception as e:
+            why = str(e).splitlines()[0]
+            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {why}")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    if args.resume and not args.run_dir:
+        raise ValueError("--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)")
+    if args.resume and not os.path.exists(f"{args.run_dir}/args.json"):
+        raise ValueError(f"--resume: {args.run_dir} holds no run (no args.json)")
+    if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
+        raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
+    parent = os.path.abspath(args.run_dir or "runs")
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ValueError(f"--run-dir {args.run_dir}: {parent} is not a writable folder")
+
+
+def tyro_cli(argv, default=None):
+    """tyro.cli on Args, its boxed error message folded into a one-line ValueError (--help prints as usual)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(Args, args=argv, default=default)
+    except SystemExit as e:
+        if not e.code:
+            sys.stderr.write(captured.getvalue())
+            raise
+        # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue())
+        lines = [line.strip() for line in text.splitlines()]
+        title = next((i for i, line in enumerate(lines) if line), len(lines))
+        body = lines[title + 1 :]
+        text = " ".join(body[: body.index("")] if "" in body else body)
+        raise ValueError(text or "cannot parse the command line (see --help)")
+
+
+def choose_backend(args):
+    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up,
+    gymnasium below it, for a task EnvPool lacks, and for video."""
+    import envpool
+
+    many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
+    return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
+
+
+def read_checkpoint(run_dir):
+    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read.
+    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash
+    between save_checkpoint's two renames."""
+    path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
+    if not os.path.exists(path):
+        if not os.path.exists(previous):
+            return None
+        path = previous
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, empty, not a torch file: UnpicklingError, RuntimeError, EOFError, ...
+        state = e
+    ours = isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)
+    if ours and set(state["progress"]) == {field.name for field in dataclasses.fields(Progress)}:
+        return state
+    why = type(state).__name__ if isinstance(state, Exception) else "not a checkpoint of this script"
+    hint = "--overwrite starts the run afresh"
+    if path != previous and os.path.exists(previous):
+        hint = "the one before is checkpoint.prev.pt: rename it to checkpoint.pt to resume from there"
+    raise ValueError(f"{path} is damaged ({why}); {hint}")
+
+
+def parse_args(argv=None) -> Args:
+    """tyro CLI plus validation. Bad input prints one `error:` line and exits with code 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`.
+    bool_fields = {f.name for f in dataclasses.fields(Args) if f.type is bool}
+    for i, arg in enumerate(argv):
+        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
+        if m and m.group(1).replace("-", "_") in bool_fields:
+            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    try:
+        args = tyro_cli(argv)
+        saved_args = f"{args.run_dir}/args.json"
+        if args.resume and args.run_dir and os.path.exists(saved_args):
+            # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
+            try:
+                with open(saved_args) as f:
+                    saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
+            except (OSError, ValueError, TypeError) as e:
+                raise ValueError(f"{saved_args} cannot be read ({type(e).__name__}: {str(e)[:100]})")
+            args = tyro_cli(argv, default=saved)
+            saved_values = dataclasses.asdict(saved).items()
+            changed = [k for k, v in saved_values if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
+            if changed:
+                raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
+        if args.env_backend == "auto":
+            args = dataclasses.replace(args, env_backend=choose_backend(args))
+        check_args(args)
+        if args.resume:
+            read_checkpoint(args.run_dir)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    return args
+
+
+def prepare_run_dir(args, run_name):
+    """Create (or, with --overwrite, recreate) the run folder and write args.json; errors as in parse_args."""
+    run_dir = args.run_dir or f"runs/{run_name}"
+    try:
+        if args.overwrite and os.path.exists(f"{run_dir}/args.json"):
+            shutil.rmtree(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(f"{run_dir}/args.json", "w") as f:  # the folder it is in, not how it was spelled
+            json.dump(dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))), f, indent=2)
+    except OSError as e:
+        print(f"error: cannot write the run folder {run_dir}: {e.strerror}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"run folder: {run_dir}", flush=True)
+    return run_dir
+
+
+def start_run(args):
+    """Everything before the envs and the model: the run folder, the checkpoint to resume from (or
+    None), the signal handlers, wandb, TensorBoard, the seeds and the device. Returns (run_dir,
+    checkpoint, stop, writer, rng, device)."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = prepare_run_dir(args, run_name)
     checkpoint = read_checkpoint(run_dir) if args.resume else None
@@ -681,22 +550,23 @@ if __name__ == "__main__":
 
         # Patching TensorBoard (rather than sync_tensorboard=True) avoids wandb's 10 s wait at exit offline.
         wandb.tensorboard.patch(root_logdir=run_dir)
+        wandb_id = None if checkpoint is None else checkpoint["wandb_id"]
         wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
             config=dataclasses.asdict(args),
             name=run_name,
             save_code=True,
-            id=checkpoint["wandb_id"] if checkpoint else None,
+            id=wandb_id,
             resume="allow",
         )
     # On resume, TensorBoard drops what a killed run logged after its last checkpoint (all of it, if it had none).
-    purge_step = checkpoint["progress"][0] + 1 if checkpoint else (0 if args.resume else None)
+    purge_step = None
+    if args.resume:
+        purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
     writer = SummaryWriter(run_dir, purge_step=purge_step)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()])),
-    )
+    table = "\n".join(f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     # TRY NOT TO MODIFY: seeding
     rng = np.random.default_rng(args.seed)
@@ -704,14 +574,301 @@ if __name__ == "__main__":
     torch.set_num_threads(args.torch_threads)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    return run_dir, checkpoint, stop, writer, rng, device
 
-    # env setup
+
+def make_env(env_id, idx, capture_video, run_dir, max_episode_steps=None):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", max_episode_steps=max_episode_steps)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+        else:
+            env = gym.make(env_id, max_episode_steps=max_episode_steps)
+        return env
+
+    return thunk
+
+
+class GymnasiumEnvs:
+    """gymnasium's SyncVectorEnv in same-step autoreset mode: the observation returned at an episode end is
+    already the next episode's first one, and the true final observation comes back as `final_obs`."""
+
+    def __init__(self, env_id, num_envs, seed, capture_video=False, run_dir=None, max_episode_steps=None):
+        self.envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, i, capture_video, run_dir, max_episode_steps) for i in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        self.seed = seed
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+
+    def reset(self):
+        return self.envs.reset(seed=self.seed)[0]
+
+    def step(self, actions):
+        """Returns (next_obs, reward, terminated, truncated, final_obs); final_obs == next_obs where not done."""
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        final_obs = obs
+        if "_final_obs" in info:
+            final_obs = obs.copy()
+            ended = info["_final_obs"]
+            final_obs[ended] = np.stack(info["final_obs"][ended])
+        return obs, reward, terminated, truncated, final_obs
+
+    def get_state(self):
+        """What the envs' future depends on: each env's full MuJoCo state, RNG and time-limit counter."""
+        states = []
+        for env in self.envs.envs:
+            sim = env.unwrapped
+            physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+            mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+            elapsed_steps = env.get_wrapper_attr("_elapsed_steps")
+            states.append((torch.from_numpy(physics), sim.np_random.bit_generator.state, elapsed_steps))
+        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs)}
+
+    def set_state(self, state):
+        for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
+            sim = env.unwrapped
+            mujoco.mj_setState(sim.model, sim.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+            sim.np_random.bit_generator.state = rng_state
+            env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
+        self.envs._autoreset_envs = state["autoreset"].numpy().copy()
+
+    def close(self):
+        self.envs.close()
+
+
+class EnvPoolEnvs:
+    """EnvPool with the same interface and semantics as GymnasiumEnvs. EnvPool resets an env on the step
+    *after* its episode ended (that step ignores the action and returns reward 0); we take that reset step for
+    the ended envs at once, so a reset-only transition never reaches the rollout buffer."""
+
+    def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
+        import envpool
+
+        kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+        self.envs = envpool.make(
+            env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads or os.cpu_count(), **kwargs
+        )
+        self.single_observation_space = self.envs.observation_space
+        self.single_action_space = self.envs.action_space
+
+    def reset(self):
+        return self.envs.reset()[0]
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        final_obs = obs
+        ended = np.flatnonzero(terminated | truncated)
+        if len(ended):
+            obs = obs.copy()
+            idle_actions = np.zeros((len(ended),) + self.single_action_space.shape, dtype=actions.dtype)
+            reset_obs, _, _, _, reset_info = self.envs.step(idle_actions, ended)
+            obs[reset_info["env_id"]] = reset_obs
+        return obs, reward, terminated, truncated, final_obs
+
+    def get_state(self):
+        return None  # EnvPool's C++ envs cannot be saved: after a resume their episodes restart
+
+    def close(self):
+        self.envs.close()
+
+
+def make_envs(args, run_dir):
+    """The vector env of --env-backend (parse_args has resolved auto)."""
     if args.env_backend == "envpool":
-        envs = EnvPoolEnvs(args.env_id, args.num_envs, args.seed, args.env_threads)
-    else:
-        envs = GymnasiumEnvs(args.env_id, args.num_envs, args.seed, args.capture_video, run_dir)
-    obs_dim = envs.single_observation_space.shape[0]
-    act_dim = envs.single_action_space.shape[0]
+        return EnvPoolEnvs(args.env_id, args.num_envs, args.seed, args.env_threads)
+    return GymnasiumEnvs(args.env_id, args.num_envs, args.seed, args.capture_video, run_dir)
+
+
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
+    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
+
+
+class EpisodeStats:
+    """The return and length of each env's episode in progress, and those of the episodes finished
+    since the last log_iteration (which logs and clears them)."""
+
+    def __init__(self, num_envs):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        self.finished_returns, self.finished_lengths = [], []
+
+    def step(self, reward, done):
+        self.returns += reward
+        self.lengths += 1
+        if done.any():
+            self.finished_returns.extend(self.returns[done])
+            self.finished_lengths.extend(self.lengths[done])
+            self.returns[done] = 0.0
+            self.lengths[done] = 0
+
+
+def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng):
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what
+    restore returns besides the progress. Written to a temporary file first; the checkpoint it
+    replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
+    if args.track:
+        import wandb
+    next_obs, discounted_return, episode_stats = running
+    in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
+    state = {
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "policy_buffer": [policy.state_dict() for policy in policy_buffer],
+        "return_rms": return_rms.state_dict(),
+        "rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "envs": envs.get_state(),
+        "episodes": (next_obs, *map(torch.from_numpy, in_numpy)),
+        "progress": {**dataclasses.asdict(progress), "elapsed": progress.seconds()},
+        "wandb_id": wandb.run.id if args.track else None,
+    }
+    path = f"{run_dir}/checkpoint.pt"
+    with open(f"{path}.tmp", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
+    if os.path.exists(path):
+        os.replace(path, f"{run_dir}/checkpoint.prev.pt")
+    os.replace(f"{path}.tmp", path)
+
+
+def restore(args, checkpoint, envs, device, agent, optimizer, policy_buffer, return_rms, rng):
+    """Where the run starts: (progress, next_obs, discounted_return, episode_stats) of a fresh run or, with a
+    checkpoint, where it left off; the objects given get their saved states (RNG states last)."""
+    next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
+    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
+    episode_stats = EpisodeStats(args.num_envs)
+    if checkpoint is None:
+        return Progress(), next_obs, discounted_return, episode_stats
+    agent.load_state_dict(checkpoint["agent"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for policy in checkpoint["policy_buffer"]:
+        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
+        policy_buffer[-1].load_state_dict(policy)
+    return_rms.load_state_dict(checkpoint["return_rms"])
+    rng.bit_generator.state = checkpoint["rng"]
+    torch.set_rng_state(checkpoint["torch_rng"])
+    if checkpoint["cuda_rng"]:
+        torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+    if checkpoint["envs"] is not None:  # gymnasium: the episodes in progress continue where they were
+        envs.set_state(checkpoint["envs"])
+        next_obs, *saved = checkpoint["episodes"]
+        next_obs = next_obs.to(device)
+        discounted_return, episode_stats.returns, episode_stats.lengths = (x.numpy() for x in saved)
+    return Progress(**checkpoint["progress"]), next_obs, discounted_return, episode_stats
+
+
+def log_iteration(writer, args, progress, episode_stats, scalars):
+    """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's
+    scalars, the time spent; and its line to stdout."""
+    step, finished_returns = progress.global_step, episode_stats.finished_returns
+    if finished_returns:
+        progress.return_history.append((step, float(np.mean(finished_returns))))
+        writer.add_scalar("charts/episodic_return", np.mean(finished_returns), step)
+        writer.add_scalar("charts/episodic_length", np.mean(episode_stats.finished_lengths), step)
+    episode_stats.finished_returns, episode_stats.finished_lengths = [], []
+    for tag, value in scalars.items():
+        writer.add_scalar(tag, value, step)
+    writer.add_scalar("perf/rollout_seconds", progress.rollout_seconds, step)
+    writer.add_scalar("perf/update_seconds", progress.update_seconds, step)
+    sps = int(step / progress.seconds())
+    writer.add_scalar("charts/SPS", sps, step)
+    last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
+    where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
+    print(f"{where} | SPS {sps:,} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
+
+
+def load_agent(path):
+    """Rebuild a saved agent (weights and observation statistics) for evaluation."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    agent = Agent(saved["obs_dim"], saved["act_dim"])
+    agent.load_state_dict(saved["agent"])
+    return agent
+
+
+def evaluate(agent, env_id, episodes, seed):
+    """Deterministic evaluation: the mean action, with the observation statistics frozen inside the agent."""
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, episodic_return = False, 0.0
+        while not done:
+            with torch.no_grad():
+                action = agent.get_dist(torch.as_tensor(obs, dtype=torch.float32)[None]).mean[0]
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
+            episodic_return += float(reward)
+            done = terminated or truncated
+        returns.append(episodic_return)
+    env.close()
+    return returns
+
+
+def finish(args, run_dir, writer, envs, agent, progress, stop):
+    """The end of the run, finished or stopped by a signal: the model (--save-model), the evaluation (not after a
+    signal), summary.json; then everything is closed, and a stopped run exits as if the signal had ended it."""
+    if args.save_model:
+        model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
+        obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        torch.save(
+            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)},
+            model_path,
+        )
+        print(f"model saved to {model_path}")
+
+    eval_returns = []
+    if args.eval_episodes > 0 and not stop:
+        eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
+        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), progress.global_step)
+        print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
+
+    summary = {
+        "global_step": progress.global_step,
+        "sps": int(progress.global_step / progress.seconds()),
+        "last_return": progress.return_history[-1][1] if progress.return_history else None,
+        "final_tv": progress.final_tv,
+        "rollout_seconds": progress.rollout_seconds,
+        "update_seconds": progress.update_seconds,
+        "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
+        "interrupted": bool(stop),
+    }
+    with open(f"{run_dir}/summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    envs.close()
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+    if stop:
+        sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run
+
+
+# ==================================================================================================
+# End of the run's plumbing.
+# ==================================================================================================
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    run_dir, checkpoint, stop, writer, rng, device = start_run(args)
+    envs = make_envs(args, run_dir)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
@@ -721,7 +878,6 @@ if __name__ == "__main__":
     policy_buffer = deque(maxlen=args.lag + 1)
     # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
     return_rms = RunningMeanStd().to(device)
-    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
 
     # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -732,27 +888,13 @@ if __name__ == "__main__":
     env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
     env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
 
-    global_step = iteration = 0
-    start_time = time.time()
-    rollout_seconds = update_seconds = 0.0
-    next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
-    episodic_return = np.zeros(args.num_envs)
-    episodic_length = np.zeros(args.num_envs, dtype=np.int64)
-    return_history = []  # (global_step, mean episodic return of the iteration)
-    final_tv = float("nan")
-    if checkpoint:
-        global_step, iteration, final_tv, rollout_seconds, update_seconds, elapsed, return_history = checkpoint["progress"]
-        start_time -= elapsed
-        load_checkpoint(checkpoint, agent, optimizer, policy_buffer, return_rms, rng)
-        if checkpoint["envs"] is not None:  # gymnasium: the episodes in progress continue where they were
-            envs.set_state(checkpoint["envs"])
-            next_obs, *episodes = checkpoint["episodes"]
-            next_obs = next_obs.to(device)
-            discounted_return, episodic_return, episodic_length = (x.numpy() for x in episodes)
+    progress, next_obs, discounted_return, episode_stats = restore(
+        args, checkpoint, envs, device, agent, optimizer, policy_buffer, return_rms, rng
+    )
 
-    for iteration in range(iteration + 1, args.num_iterations + 1):
-        # Annealing the rate if instructed to do so.
-        if args.anneal_lr:
+    for iteration in range(progress.iteration + 1, args.num_iterations + 1):
+        progress.iteration = iteration
+        if args.anneal_lr:  # Annealing the rate if instructed to do so.
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
@@ -768,9 +910,8 @@ if __name__ == "__main__":
             actor_groups = [(actor_groups[0][0], slice(None))]
 
         rollout_start = time.time()
-        finished_returns, finished_lengths = [], []
         for step in range(0, args.num_steps):
-            global_step += args.num_envs
+            progress.global_step += args.num_envs
             obs[step] = next_obs
 
             # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
@@ -783,13 +924,7 @@ if __name__ == "__main__":
                 np.clip(actions[step].cpu().numpy(), action_low, action_high)
             )
             done = np.logical_or(terminated, truncated)
-            episodic_return += reward
-            episodic_length += 1
-            if done.any():
-                finished_returns.extend(episodic_return[done])
-                finished_lengths.extend(episodic_length[done])
-                episodic_return[done] = 0.0
-                episodic_length[done] = 0
+            episode_stats.step(reward, done)
 
             env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
             next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
@@ -802,7 +937,7 @@ if __name__ == "__main__":
         rewards, next_obs_buf, terminations, dones = (
             torch.as_tensor(x, device=device) for x in (rewards, env_next_obs, env_terminations, env_dones)
         )
-        rollout_seconds += time.time() - rollout_start
+        progress.rollout_seconds += time.time() - rollout_start
         update_start = time.time()
 
         # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
@@ -817,14 +952,10 @@ if __name__ == "__main__":
                 rewards, values, next_values, terminations, dones, start_logprobs - logprobs, *vtrace_coefs
             )
 
-        # flatten the batch
-        b_obs = obs.reshape((-1, obs_dim))
+        b_obs, b_actions = obs.reshape((-1, obs_dim)), actions.reshape((-1, act_dim))  # flatten the batch
         b_nobs = agent.normalize(b_obs)  # the observation statistics stay fixed until the update's end
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape((-1, act_dim))
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        b_logprobs, b_values = logprobs.reshape(-1), values.reshape(-1)
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
         # Optimizing the policy and value network
         b_inds = np.arange(args.batch_size)
@@ -860,12 +991,14 @@ if __name__ == "__main__":
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
                 pg_loss = policy_loss(newlogprob, mb_advantages)
-                v_loss = value_loss(newvalue, e_values[mb], e_returns[mb], args.clip_coef if args.clip_vloss else None)
+                v_clip = args.clip_coef if args.clip_vloss else None
+                v_loss = value_loss(newvalue, e_values[mb], e_returns[mb], v_clip)
                 # At the default --ent-coef 0 the entropy stays out of the graph (pg_loss - 0.0 is pg_loss).
                 entropy_loss = dist.entropy().sum(1).mean() if args.ent_coef else 0.0
                 loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
                 if not np.isfinite(loss.item()):
-                    sys.exit(f"error: non-finite loss at iteration {iteration} (epoch {epoch + 1}); stopping (nothing saved)")
+                    where = f"iteration {iteration} (epoch {epoch + 1})"
+                    sys.exit(f"error: non-finite loss at {where}; stopping (nothing saved)")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -880,87 +1013,35 @@ if __name__ == "__main__":
 
         with torch.no_grad():
             entropy_loss = dist.entropy().sum(1).mean()  # logged: the last minibatch's, as when it was in the loss
-            final_tv = total_variation(agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1) - b_logprobs).item()
+            new_logprobs = agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1)
+            progress.final_tv = total_variation(new_logprobs - b_logprobs).item()
         # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
         # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
         agent.obs_rms.update(b_obs)
-        update_seconds += time.time() - update_start
+        progress.update_seconds += time.time() - update_start
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        # TRY NOT TO MODIFY: record rewards for plotting purposes
-        sps = int(global_step / (time.time() - start_time))
-        if finished_returns:
-            return_history.append((global_step, float(np.mean(finished_returns))))
-            writer.add_scalar("charts/episodic_return", np.mean(finished_returns), global_step)
-            writer.add_scalar("charts/episodic_length", np.mean(finished_lengths), global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("lag/staleness_mean", staleness.mean(), global_step)
-        writer.add_scalar("lag/staleness_max", staleness.max(), global_step)
-        writer.add_scalar("lag/backward_tv", backward_tv, global_step)
-        writer.add_scalar("lag/final_tv", final_tv, global_step)
-        writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)
-        writer.add_scalar("perf/update_seconds", update_seconds, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        last_return = return_history[-1][1] if return_history else float("nan")
-        print(
-            f"[{iteration}/{args.num_iterations}] step {global_step:,} | SPS {sps:,} | return {last_return:.1f} | final TV {final_tv:.3f}"
-        )
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "losses/value_loss": v_loss.item(),
+            "losses/policy_loss": pg_loss.item(),
+            "losses/entropy": entropy_loss.item(),
+            "losses/old_approx_kl": old_approx_kl.item(),
+            "losses/approx_kl": approx_kl.item(),
+            "losses/explained_variance": explained_var,
+            "lag/staleness_mean": staleness.mean(),
+            "lag/staleness_max": staleness.max(),
+            "lag/backward_tv": backward_tv,
+            "lag/final_tv": progress.final_tv,
+        }
+        log_iteration(writer, args, progress, episode_stats, scalars)
         if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            episodes = (next_obs, *map(torch.from_numpy, (discounted_return, episodic_return, episodic_length)))
-            progress = (
-                global_step,
-                iteration,
-                final_tv,
-                rollout_seconds,
-                update_seconds,
-                time.time() - start_time,
-                return_history,
-            )
-            extra = dict(
-                envs=envs.get_state(), episodes=episodes, progress=progress, wandb_id=wandb.run.id if args.track else None
-            )
-            save_checkpoint(run_dir, agent, optimizer, policy_buffer, return_rms, rng, **extra)
+            running = (next_obs, discounted_return, episode_stats)
+            save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng)
         if stop:
             break
 
-    if args.save_model:
-        model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
-        torch.save(
-            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)},
-            model_path,
-        )
-        print(f"model saved to {model_path}")
-
-    eval_returns = []
-    if args.eval_episodes > 0 and not stop:
-        eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), global_step)
-        print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-
-    summary = {
-        "global_step": global_step,
-        "sps": int(global_step / (time.time() - start_time)),
-        "last_return": return_history[-1][1] if return_history else None,
-        "final_tv": final_tv,
-        "rollout_seconds": rollout_seconds,
-        "update_seconds": update_seconds,
-        "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
-        "interrupted": bool(stop),
-    }
-    with open(f"{run_dir}/summary.json", "w") as f:
-        json.dump(summary, f, indent=2)
-    envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
-    if stop:
-        sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run
+    finish(args, run_dir, writer, envs, agent, progress, stop)

@@ -187,49 +187,75 @@ def test_wandb_sweep_style_arguments(script):
     assert module.parse_args(["--no-anneal-lr"]).anneal_lr is False
 
 
-def test_common_code_is_identical_across_scripts():
-    """The building blocks every script shares must stay byte-identical (the diffs show only the algorithm)."""
-    common = {
-        "check_args",
-        "parse_args",
-        "make_env",
-        "GymnasiumEnvs",
-        "EnvPoolEnvs",
-        "layer_init",
-        "RunningMeanStd",
-        "Agent",
-        "load_agent",
-        "evaluate",
-        "draw_staleness",
-        "total_variation",
-        "value_loss",
-        "CHECKS",
-        "RESUME_MAY_CHANGE",
-        "env_spaces",
-        "prepare_run_dir",
-        "stop_on_signals",
-        "save_checkpoint",
-        "load_checkpoint",
-        "scale_rewards",
-        "tyro_cli",
-        "choose_backend",
-        "read_checkpoint",
-        "ENVPOOL_FROM_NUM_ENVS",
-        "CHECKPOINT_KEYS",
-    }
-    sources = {}
+PLUMBING_START = "# The run's plumbing: identical in all four MuJoCo scripts"
+PLUMBING_END = "# End of the run's plumbing."
+# The algorithm's building blocks that every script shares (they read with the algorithm, above the plumbing).
+SHARED_BLOCKS = {
+    "layer_init",
+    "RunningMeanStd",
+    "Agent",
+    "draw_staleness",
+    "total_variation",
+    "scale_rewards",
+    "value_loss",
+}
+
+
+def plumbing_section(text):
+    """The lines from the plumbing's opening banner to its closing one, both included; None if either is missing."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_START)]
+    ends = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_END)]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return None
+    return "\n".join(lines[starts[0] - 1 : ends[0] + 2])
+
+
+def top_level_names(source):
+    """Names that a piece of module source defines at its top level (functions, classes, assignments)."""
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def test_plumbing_section_and_shared_blocks_are_identical_across_scripts():
+    """One banner-marked plumbing section, byte-identical in every script, holds everything that is not the
+    algorithm; the algorithm's shared building blocks are identical too (the diffs show only the algorithm)."""
+    sections, blocks = {}, {}
     for script in MUJOCO_SCRIPTS:
         path = ROOT / f"{script}.py"
         if not path.exists():
             continue
         text = path.read_text()
+        sections[script] = plumbing_section(text)
+        assert sections[script] is not None, f"{script} lacks the banner-marked plumbing section"
         tree = ast.parse(text)
-        names = {n: getattr(n, "name", None) or (isinstance(n, ast.Assign) and n.targets[0].id) for n in tree.body}
-        sources[script] = {name: ast.get_source_segment(text, n) for n, name in names.items() if name in common}
-        assert set(sources[script]) == common, f"{script} lacks {common - set(sources[script])}"
-    for script, defs in sources.items():
-        for name in common:
-            assert defs[name] == sources["ppo_mujoco"][name], f"{script}.{name} differs from ppo_mujoco.{name}"
+        names = {getattr(n, "name", None): n for n in tree.body}
+        assert SHARED_BLOCKS <= set(names), f"{script} lacks {SHARED_BLOCKS - set(names)}"
+        blocks[script] = {name: ast.get_source_segment(text, names[name]) for name in SHARED_BLOCKS}
+        assert not SHARED_BLOCKS & set(top_level_names(sections[script])), "shared blocks read with the algorithm"
+    for script in sections:
+        assert sections[script] == sections["ppo_mujoco"], f"{script}'s plumbing section differs from ppo_mujoco's"
+        for name in SHARED_BLOCKS:
+            assert blocks[script][name] == blocks["ppo_mujoco"][name], f"{script}.{name} differs from ppo_mujoco.{name}"
+    # What the section must hold: everything a run needs besides the algorithm.
+    plumbing = set(top_level_names(sections["ppo_mujoco"]))
+    expected = {"check_args", "parse_args", "start_run", "restore", "save_checkpoint", "finish", "log_iteration"}
+    expected |= {"GymnasiumEnvs", "EnvPoolEnvs", "load_agent", "evaluate", "stop_on_signals", "read_checkpoint"}
+    assert expected <= plumbing, expected - plumbing
+
+
+def test_plumbing_section_check_fails_on_a_drift_or_a_missing_banner():
+    text = (ROOT / "ppo_mujoco.py").read_text()
+    section = plumbing_section(text)
+    assert section is not None and "def check_args" in section and "class Agent" not in section
+    assert plumbing_section(text.replace(PLUMBING_END, "# the end")) is None
+    drifted = text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1)
+    assert plumbing_section(drifted) != section
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
@@ -392,7 +418,7 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     run_script("ppo_mujoco", *TINY, "--checkpoint-every", "1", "--run-dir", tmp_path)
     with pytest.raises(SystemExit):
         ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--lag", "3", "--gamma", "0.9"])
-    assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change lag, gamma\n"
+    assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change gamma, lag\n"
     args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--env-threads", "2"])
     assert args.save_model and args.env_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
     # --overwrite replaces the run: nothing of the first one is left.
@@ -416,7 +442,9 @@ def test_resume_finds_the_run_wherever_it_is(script, tmp_path):
     (run,) = (tmp_path / "runs").iterdir()
     assert json.loads((run / "args.json").read_text())["run_dir"] == str(run)
     # The checkpoint before the last is kept: back to it, the resumed run has its second iteration to do.
-    iterations = [torch.load(run / f, weights_only=True)["progress"][1] for f in ("checkpoint.prev.pt", "checkpoint.pt")]
+    iterations = [
+        torch.load(run / f, weights_only=True)["progress"]["iteration"] for f in ("checkpoint.prev.pt", "checkpoint.pt")
+    ]
     assert iterations == [1, 2]
     shutil.copy(run / "checkpoint.prev.pt", run / "checkpoint.pt")
     copy = tmp_path / "elsewhere" / "copy"
@@ -433,7 +461,7 @@ def test_resume_finds_the_run_wherever_it_is(script, tmp_path):
     assert json.loads((copy / "summary.json").read_text())["global_step"] == 512
 
 
-@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "not-a-checkpoint"])
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "not-a-checkpoint", "positional-progress"])
 @pytest.mark.parametrize("script", existing_scripts())
 def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
     module = import_script(script)
@@ -441,11 +469,15 @@ def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
     (tmp_path / "args.json").write_text(json.dumps(dataclasses.asdict(args)))
     torch.save({key: torch.zeros(100) for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.pt")
     torch.save({"agent": {}}, tmp_path / "other.pt")
+    # The resume state as the 7-tuple of earlier versions: not what Progress reads.
+    positional = (0, 1, float("nan"), 0.0, 0.0, 0.0, [])
+    torch.save({key: torch.zeros(100) for key in module.CHECKPOINT_KEYS} | {"progress": positional}, tmp_path / "old.pt")
     damaged = {
         "garbage": b"not a checkpoint\n",
         "empty": b"",
         "truncated": (tmp_path / "checkpoint.pt").read_bytes()[:300],
         "not-a-checkpoint": (tmp_path / "other.pt").read_bytes(),
+        "positional-progress": (tmp_path / "old.pt").read_bytes(),
     }[damage]
     (tmp_path / "checkpoint.pt").write_bytes(damaged)
     for previous, hint in [(False, "--overwrite starts the run afresh"), (True, "rename it to checkpoint.pt")]:
@@ -462,9 +494,11 @@ def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
 def test_read_checkpoint_takes_the_previous_only_where_the_last_is_missing(script, tmp_path):
     module = import_script(script)
     assert module.read_checkpoint(tmp_path) is None
-    torch.save({key: "previous" for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.prev.pt")
+    progress = dataclasses.asdict(module.Progress(iteration=3))
+    torch.save({key: "previous" for key in module.CHECKPOINT_KEYS} | {"progress": progress}, tmp_path / "checkpoint.prev.pt")
     assert module.read_checkpoint(tmp_path)["agent"] == "previous"  # a crash between the two renames
-    torch.save({key: "last" for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.pt")
+    assert module.Progress(**module.read_checkpoint(tmp_path)["progress"]).iteration == 3
+    torch.save({key: "last" for key in module.CHECKPOINT_KEYS} | {"progress": progress}, tmp_path / "checkpoint.pt")
     assert module.read_checkpoint(tmp_path)["agent"] == "last"
 
 
