@@ -489,8 +489,11 @@ def read_checkpoint(run_dir):
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, empty, not a torch file: UnpicklingError, RuntimeError, EOFError, ...
         state = e
+    fields = [field.name for field in dataclasses.fields(Progress)]
+    if isinstance(state, dict) and isinstance(state.get("progress"), (list, tuple)) and len(state["progress"]) == 7:
+        state["progress"] = dict(zip(fields, state["progress"]))  # written before Progress: its fields in order
     ours = isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)
-    if ours and set(state["progress"]) == {field.name for field in dataclasses.fields(Progress)}:
+    if ours and set(state["progress"]) == set(fields):
         return state
     why = type(state).__name__ if isinstance(state, Exception) else "not a checkpoint of this script"
     hint = "--overwrite starts the run afresh"

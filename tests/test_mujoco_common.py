@@ -469,8 +469,8 @@ def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
     (tmp_path / "args.json").write_text(json.dumps(dataclasses.asdict(args)))
     torch.save({key: torch.zeros(100) for key in module.CHECKPOINT_KEYS}, tmp_path / "checkpoint.pt")
     torch.save({"agent": {}}, tmp_path / "other.pt")
-    # The resume state as the 7-tuple of earlier versions: not what Progress reads.
-    positional = (0, 1, float("nan"), 0.0, 0.0, 0.0, [])
+    # A positional resume state that is not the 7-tuple of earlier versions.
+    positional = (0, 1, float("nan"), 0.0, 0.0, [])
     torch.save({key: torch.zeros(100) for key in module.CHECKPOINT_KEYS} | {"progress": positional}, tmp_path / "old.pt")
     damaged = {
         "garbage": b"not a checkpoint\n",
@@ -488,6 +488,19 @@ def test_damaged_checkpoint_is_one_error_line(script, damage, tmp_path, capsys):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith(f"error: {tmp_path}/checkpoint.pt is damaged (") and hint in err, err
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_checkpoint_of_an_earlier_version_resumes(script, tmp_path):
+    """Checkpoints written before Progress held the resume state as the tuple (global_step, iteration, final_tv,
+    rollout_seconds, update_seconds, elapsed, return_history)."""
+    module = import_script(script)
+    old = (2048, 4, 0.07, 11.5, 22.5, 40.0, [(512, 10.0), (2048, 30.0)])
+    torch.save({key: "x" for key in module.CHECKPOINT_KEYS} | {"progress": old}, tmp_path / "checkpoint.pt")
+    progress = module.Progress(**module.read_checkpoint(tmp_path)["progress"])
+    assert (progress.global_step, progress.iteration, progress.final_tv) == (2048, 4, 0.07)
+    assert (progress.rollout_seconds, progress.update_seconds, progress.elapsed) == (11.5, 22.5, 40.0)
+    assert progress.return_history == [(512, 10.0), (2048, 30.0)]
 
 
 @pytest.mark.parametrize("script", existing_scripts())
