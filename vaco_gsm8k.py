@@ -105,7 +105,8 @@ class Args:
     save_model: bool = False
     """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
     resume: bool = False
-    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json)"""
+    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
+    that stopped before its first checkpoint starts again from the beginning)"""
     overwrite: bool = False
     """if toggled, replace the run already in --run-dir (without it, an existing run is refused)"""
     checkpoint_every: int = 10
@@ -188,6 +189,7 @@ STEP_TAGS = {
     "learning_rate": "charts/learning_rate",
     "tv": "vaco/tv",
     "filter_fraction": "vaco/filter_frac",
+    "filter_completion_fraction": "vaco/filter_completion_frac",
 }
 ITERATION_TAGS = {
     "reward": "charts/reward",
@@ -259,7 +261,18 @@ RULES = [
     (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
-    (("torch_threads",), lambda v: v is None or v >= 1, ">= 1"),
+    (("torch_threads",), lambda v: v is None or 1 <= v <= 4096, "in [1, 4096]"),
+    # Counts far beyond any run would overflow deques, generation lengths or C integers later on.
+    (
+        ("num_iterations", "total_steps", "forward_lag", "lag", "prompts_per_step", "num_generations"),
+        lambda v: v is None or v < 2**31,
+        "< 2**31",
+    ),
+    (
+        ("micro_batch_size", "max_new_tokens", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
+        lambda v: v < 2**31,
+        "< 2**31",
+    ),
     (
         ("temperature", "learning_rate", "max_grad_norm", "clip_high", "tv_threshold"),
         lambda v: 0 < v < math.inf,
@@ -269,6 +282,7 @@ RULES = [
 ]
 # Flags that may differ between a run and its resumption.
 RESUMABLE = {
+    "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
     "num_iterations",
     "total_steps",
     "resume",
@@ -279,6 +293,7 @@ RESUMABLE = {
     "save_model",
 }
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
 
 
 def flag(name: str) -> str:
@@ -309,13 +324,21 @@ def run_dir_problem(args: Args) -> Optional[str]:
         return None if not args.resume else f"--resume: {path} holds no run"
     saved_args = os.path.join(path, "args.json")
     if args.resume:
-        if not os.path.isfile(os.path.join(path, CHECKPOINT)):
-            return f"--resume: no {CHECKPOINT} in {path}"
-        with open(saved_args) as handle:
-            saved = json.load(handle)
+        if not os.path.isfile(saved_args):
+            return f"--resume: {path} holds no run (no args.json)"
+        try:
+            with open(saved_args) as handle:
+                saved = json.load(handle)
+            if not isinstance(saved, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return f"--resume: {saved_args} is unreadable ({error})"
         for name, value in dataclasses.asdict(args).items():
             if name not in RESUMABLE and saved.get(name) != value:
                 return f"--resume: {flag(name)} is {value} here but {saved.get(name)} in {saved_args}"
+        checkpoint = os.path.join(path, CHECKPOINT)
+        if os.path.exists(checkpoint):
+            return checkpoint_problem(checkpoint)
         return None
     if not args.overwrite:
         return f"--run-dir {path} already holds a run: pass --resume to continue it or --overwrite to replace it"
@@ -324,12 +347,36 @@ def run_dir_problem(args: Args) -> Optional[str]:
     return None
 
 
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why a checkpoint cannot be read (empty, truncated or not a torch.save file), with where the previous one is.
+
+    A cheap check (the zip directory at the end of the file, which a truncated write lacks) before anything is
+    made; the full read in train() reports the same way."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+        return None
+    except (OSError, zipfile.BadZipFile) as error:
+        return damaged(path, error)
+
+
+def damaged(path: str, error: Exception) -> str:
+    reason = str(error).split("\n")[0] or type(error).__name__
+    previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
+    hint = f"; the previous one is {previous}: copy it to {path} to resume from it" if os.path.isfile(previous) else ""
+    return f"--resume: {path} is damaged ({reason}){hint}"
+
+
 def validate(args: Args) -> Optional[str]:
     for names, rule, meaning in RULES:
         for name in names:
             if not rule(getattr(args, name)):
                 return f"{flag(name)} must be {meaning}, got {getattr(args, name)}"
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.seed + world - 1 >= 2**32:
+        return f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
     if args.prompts_per_step % world:
         return f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
     sequences = args.prompts_per_step // world * args.num_generations
@@ -475,6 +522,16 @@ def vaco_loss(
     else:
         masked = torch.zeros_like(advantages, dtype=torch.bool)
     return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
+
+
+def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
+    """Completions with at least one masked token, and completions with any token in the loss.
+
+    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
+    losses return them."""
+    rows = torch.zeros_like(selected)
+    rows[selected] = dropped
+    return int(rows.any(1).sum()), int(selected.any(1).sum())
 
 
 def completion_logprobs(
@@ -730,8 +787,17 @@ def on_signal(signum, frame):
 
 
 def save_checkpoint(path: str, state: dict):
-    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one."""
+    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one, and the one
+    before it stays as checkpoint.prev.pt (a hard link: no copy). At every moment `path` is a whole checkpoint."""
     torch.save(state, path + ".tmp")
+    if os.path.exists(path):
+        previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
+        if os.path.exists(previous):
+            os.remove(previous)
+        try:
+            os.link(path, previous)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(path, previous)
     os.replace(path + ".tmp", path)
 
 
@@ -866,8 +932,18 @@ def train(args: Args) -> dict:
     first_iteration = 1
     wandb_id = None
 
-    if args.resume:
-        state = torch.load(os.path.join(run_dir, CHECKPOINT), map_location="cpu", weights_only=False)
+    # --resume of a run that stopped before its first checkpoint: it starts again with the same arguments.
+    restart = args.resume and not os.path.exists(os.path.join(run_dir, CHECKPOINT))
+    if restart and main_process:
+        print(f"--resume: no {CHECKPOINT} in {run_dir}: starting the run again from the beginning", flush=True)
+    if args.resume and not restart:
+        try:
+            state = torch.load(os.path.join(run_dir, CHECKPOINT), map_location="cpu", weights_only=False)
+            missing = {"model", "optimizer", "iteration", "world_size", "history", "counters"} - set(state)
+            if missing:
+                raise ValueError(f"no {', '.join(sorted(missing))}")
+        except Exception as error:  # any unreadable file: unpickling, zip, EOF, a foreign object
+            fail(damaged(os.path.join(run_dir, CHECKPOINT), error))
         if state["world_size"] != world:
             fail(f"--resume: the run used {state['world_size']} processes, this one {world}")
         model.load_state_dict(state["model"])
@@ -905,9 +981,10 @@ def train(args: Args) -> dict:
                 resume="allow" if wandb_id else None,
             )
             wandb_id = wandb.run.id
-        # purge_step drops anything logged after the checkpoint by the interrupted run.
-        writer = SummaryWriter(run_dir, purge_step=counters["global_step"] + 1 if args.resume else None)
-        if not args.resume:
+        # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
+        purge_step = 0 if restart else counters["global_step"] + 1 if args.resume else None
+        writer = SummaryWriter(run_dir, purge_step=purge_step)
+        if not args.resume or restart:
             writer.add_text(
                 "hyperparameters",
                 "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
@@ -967,7 +1044,7 @@ def train(args: Args) -> dict:
     interrupted = None
     start_time = time.time()
     try:
-        if eval_rows and main_process and not args.resume:
+        if eval_rows and main_process and (not args.resume or restart):
             evaluate()
         for iteration in range(first_iteration, num_iterations + 1):
             timers = collections.Counter()
@@ -1093,6 +1170,10 @@ def train(args: Args) -> dict:
                         step_sums["abs_dev"] += abs_deviation(log_ratio)
                         step_sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
                         step_sums["dropped"] += dropped.sum().item()
+                        if args.loss == "vaco":
+                            masked_rows, rows_with_tokens = masked_completions(selected, dropped)
+                            step_sums["dropped_completions"] += masked_rows
+                            step_sums["completions"] += rows_with_tokens
                         step_sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
                         step_sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
                         step_sums["entropy"] += entropy[selected].sum().item()
@@ -1110,6 +1191,7 @@ def train(args: Args) -> dict:
                     optimizer.step()
                 counters["global_step"] += 1
                 keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
+                keys += ["dropped_completions", "completions"]
                 totals = dict(zip(keys, all_reduce([float(step_sums[key]) for key in keys])))
                 step = {
                     "step": counters["global_step"],
@@ -1128,6 +1210,7 @@ def train(args: Args) -> dict:
                     step["clip_ratio_high"] = totals["clip_high"] / denominator
                 else:
                     step["filter_fraction"] = totals["dropped"] / denominator
+                    step["filter_completion_fraction"] = totals["dropped_completions"] / max(totals["completions"], 1.0)
                     step["over_budget"] = float(over_budget)
                 if main_process:
                     for key, tag in STEP_TAGS.items():
