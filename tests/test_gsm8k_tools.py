@@ -101,7 +101,7 @@ def test_sweep_summary_counts_minibatches_over_each_budget(tmp_path):
     row = [line for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| 0.0003 | 16")]
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     # D values 0, 0.02, 0, 0.005 against delta/2 = 0.005, 0.01, 0.015, 0.025: strictly over.
-    assert cells[7:11] == ["0.250", "0.250", "0.250", "0.000"]
+    assert cells[8:12] == ["0.250", "0.250", "0.250", "0.000"]
 
 
 @pytest.mark.parametrize("argv", [["table", "--lags", "3"], ["table", "--tv-threshold", "0"], ["sweep", "--workers", "0"]])
