@@ -264,7 +264,7 @@ def sweep_report(out: str):
             lines.append(
                 f"| {spec['learning_rate']:g} | {spec['K']} | {spec['total_steps']} | {row['accuracy_start']:.3f} → "
                 f"{row['accuracy_end']:.3f} ({row['accuracy_late']:.3f}, {best:.3f}) | {row['dropped_fraction']:.4f} | "
-                f"{np.mean(half) if spec['K'] > 1 else 0.0:.4f} | {row['D_mean_lagged']:.4f} | {row['D_max']:.4f} | "
+                f"{np.mean(half) if half else 0.0:.4f} | {row['D_mean_lagged']:.4f} | {row['D_max']:.4f} | "
                 + " | ".join(f"{np.mean([d > delta / 2 for d in tv]):.3f}" for delta in DELTAS)
                 + f" | {row['tv_final']:.4f} |"
             )
@@ -317,19 +317,21 @@ def plot_table(records: dict, path: str):
 
     runs = [run_row(r) for r in records.values()]
     lags = sorted({r["K"] for r in runs})
-    styles = dict(zip([1, 2, 4, 8, 16, 32], [":", (0, (1, 1)), "-.", "--", "-", (0, (5, 1))]))
-    widths = dict(zip([1, 2, 4, 8, 16, 32], [1.0, 1.0, 1.2, 1.4, 1.8, 2.0]))
+    styles = dict(zip([2, 4, 8, 16, 32], [":", "-.", "--", "-", (0, (5, 1))]))
+    widths = dict(zip([2, 4, 8, 16, 32], [1.2, 1.2, 1.4, 1.8, 2.0]))
     figure, axes = plt.subplots(1, 4, figsize=(19, 4.2))
     for loss, label in [("ppo-clip", "PPO-clip"), ("vaco", "VACO")]:
-        color = LOSS_COLORS[loss]
         for k in lags:
             chosen = [r for r in records.values() if r["spec"]["loss"] == loss and r["spec"]["K"] == k]
-            if not chosen:
+            if not chosen or (k == 1 and loss == "vaco"):  # K = 1: one run for both losses, drawn once
                 continue
+            if k == 1:
+                color, name = "black", "K=1 (both losses)"
+            else:
+                color, name = LOSS_COLORS[loss], f"{label} K={k}"
             steps = sorted({e["step"] for r in chosen for e in r["evals"]})
             means = [np.mean([e["accuracy"] for r in chosen for e in r["evals"] if e["step"] == s]) for s in steps]
-            axes[0].plot(steps, means, linestyle=styles.get(k, "-"), lw=widths.get(k, 1.5), color=color,
-                         label=f"{label} K={k}")  # fmt: skip
+            axes[0].plot(steps, means, linestyle=styles.get(k, "-"), lw=widths.get(k, 1.0), color=color, label=name)
         present = [k for k in lags if any(r["loss"] == loss and r["K"] == k for r in runs)]
         for axis, key in [(axes[1], "accuracy_late"), (axes[2], "dropped_fraction"), (axes[3], "tv_final")]:
             means, halves = [], []
@@ -340,10 +342,10 @@ def plot_table(records: dict, path: str):
             name = {"accuracy_late": label, "tv_final": label}.get(key)
             if key == "dropped_fraction":
                 name = "PPO-clip: tokens clipped" if loss == "ppo-clip" else "VACO: tokens filtered"
-            axis.errorbar(present, means, yerr=halves, color=color, marker="o", capsize=3, label=name)
+            axis.errorbar(present, means, yerr=halves, color=LOSS_COLORS[loss], marker="o", capsize=3, label=name)
         if loss == "vaco":
             over = [np.mean([r["over_budget_fraction"] for r in runs if r["loss"] == loss and r["K"] == k]) for k in present]
-            axes[2].plot(present, over, color=color, marker="s", linestyle="--", label="VACO: minibatches over δ/2")
+            axes[2].plot(present, over, color=LOSS_COLORS[loss], marker="s", ls="--", label="VACO: minibatches over δ/2")
     start = np.mean([r["accuracy_start"] for r in runs])
     axes[0].axhline(start, color="grey", lw=0.8)
     axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title="accuracy (mean of seeds)")
