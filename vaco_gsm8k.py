@@ -41,6 +41,12 @@ minibatch's prompts; the token count, D and the statistics are summed over proce
 gradients summed, so the update is the single-process one. A run checkpoints to its folder and
 continues with `--resume`; SIGINT and SIGTERM save what was asked and stop.
 
+Reading order: the flags and their checks; answer parsing and the reward; GRPO's advantages, the two losses and
+the log-probs; generation; then one iteration's phases (`choose_generator`, `generate_batch`,
+`rewards_and_advantages`, `behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`, sharing a `Run`),
+the run's plumbing (`start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`, `finish`) and last
+`train()`, which calls them in that order.
+
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
@@ -900,7 +906,8 @@ def generate_batch(run: Run) -> tuple[dict, list[float]]:
 
 def rewards_and_advantages(run: Run, generated: dict, references: list[float]) -> tuple[dict, dict]:
     """Rewards and GRPO advantages; adds `advantages` and the `loss_mask` of the tokens that train to `generated`.
-    Returns the batch's statistics (all ranks) for the iteration's record, and its token counts."""
+    Returns the batch's statistics for the iteration's record and its token counts (`sequences`: prompts and
+    completions, `completions`), both over all ranks."""
     args = run.args
     with run.timed("rewards"):
         texts = decode_completions(run.tokenizer, generated)
@@ -1078,7 +1085,8 @@ def log_step(run: Run, step: dict):
 
 def log_iteration(run: Run, iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv):
     """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
-    TensorBoard and as one line on stdout."""
+    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
+    of this rank's training passes."""
     args, counters = run.args, run.counters
     counters["tokens_seen"] += int(tokens["sequences"])
     wall = time.perf_counter() - run.iteration_start
@@ -1473,7 +1481,7 @@ def train(args: Args) -> dict:
             minibatches = [take_rows(generated, slice(k * size, (k + 1) * size)) for k in range(args.forward_lag)]
             behaviour_logprobs(run, minibatches)
 
-            # K optimizer steps, one per minibatch: forward lag k - 1 at step k.
+            # K optimizer steps, one per minibatch: minibatch k (from 0) trains on data k updates old (forward lag).
             run.model.train()
             steps, tokens["trained"] = [], 0
             for k, batch in enumerate(minibatches):

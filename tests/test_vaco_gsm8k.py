@@ -658,6 +658,9 @@ def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
     assert without_timings(resumed) == without_timings(whole)
     assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
     saved = [torch.load(tmp_path / name / V.CHECKPOINT, weights_only=False) for name in ("whole", "part")]
+    # The checkpoint format: a resume reads these keys, so a run saved by an earlier revision still continues.
+    fields = "model optimizer policy_buffer data_rng order rng history counters iteration world_size run_name wandb_id"
+    assert set(saved[0]) == set(fields.split()) and saved[0]["counters"].keys() == {"global_step", "tokens_seen"}
     for key, value in saved[0]["model"].items():
         assert torch.equal(value, saved[1]["model"][key]), key
     buffers = [s["policy_buffer"] for s in saved]
