@@ -41,6 +41,12 @@ minibatch's prompts; the token count, D and the statistics are summed over proce
 gradients summed, so the update is the single-process one. A run checkpoints to its folder and
 continues with `--resume`; SIGINT and SIGTERM save what was asked and stop.
 
+Reading order: the flags and their checks; answer parsing and the reward; GRPO's advantages, the two losses and
+the log-probs; generation; then one iteration's phases (`choose_generator`, `generate_batch`,
+`rewards_and_advantages`, `behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`, sharing a `Run`),
+the run's plumbing (`start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`, `finish`) and last
+`train()`, which calls them in that order.
+
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
@@ -105,7 +111,8 @@ class Args:
     save_model: bool = False
     """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
     resume: bool = False
-    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json)"""
+    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
+    that stopped before its first checkpoint starts again from the beginning)"""
     overwrite: bool = False
     """if toggled, replace the run already in --run-dir (without it, an existing run is refused)"""
     checkpoint_every: int = 10
@@ -188,6 +195,7 @@ STEP_TAGS = {
     "learning_rate": "charts/learning_rate",
     "tv": "vaco/tv",
     "filter_fraction": "vaco/filter_frac",
+    "filter_completion_fraction": "vaco/filter_completion_frac",
 }
 ITERATION_TAGS = {
     "reward": "charts/reward",
@@ -259,7 +267,18 @@ RULES = [
     (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
-    (("torch_threads",), lambda v: v is None or v >= 1, ">= 1"),
+    (("torch_threads",), lambda v: v is None or 1 <= v <= 4096, "in [1, 4096]"),
+    # Counts far beyond any run would overflow deques, generation lengths or C integers later on.
+    (
+        ("num_iterations", "total_steps", "forward_lag", "lag", "prompts_per_step", "num_generations"),
+        lambda v: v is None or v < 2**31,
+        "< 2**31",
+    ),
+    (
+        ("micro_batch_size", "max_new_tokens", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
+        lambda v: v < 2**31,
+        "< 2**31",
+    ),
     (
         ("temperature", "learning_rate", "max_grad_norm", "clip_high", "tv_threshold"),
         lambda v: 0 < v < math.inf,
@@ -269,6 +288,7 @@ RULES = [
 ]
 # Flags that may differ between a run and its resumption.
 RESUMABLE = {
+    "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
     "num_iterations",
     "total_steps",
     "resume",
@@ -279,6 +299,7 @@ RESUMABLE = {
     "save_model",
 }
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
 
 
 def flag(name: str) -> str:
@@ -309,13 +330,21 @@ def run_dir_problem(args: Args) -> Optional[str]:
         return None if not args.resume else f"--resume: {path} holds no run"
     saved_args = os.path.join(path, "args.json")
     if args.resume:
-        if not os.path.isfile(os.path.join(path, CHECKPOINT)):
-            return f"--resume: no {CHECKPOINT} in {path}"
-        with open(saved_args) as handle:
-            saved = json.load(handle)
+        if not os.path.isfile(saved_args):
+            return f"--resume: {path} holds no run (no args.json)"
+        try:
+            with open(saved_args) as handle:
+                saved = json.load(handle)
+            if not isinstance(saved, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return f"--resume: {saved_args} is unreadable ({error})"
         for name, value in dataclasses.asdict(args).items():
             if name not in RESUMABLE and saved.get(name) != value:
                 return f"--resume: {flag(name)} is {value} here but {saved.get(name)} in {saved_args}"
+        checkpoint = os.path.join(path, CHECKPOINT)
+        if os.path.exists(checkpoint):
+            return checkpoint_problem(checkpoint)
         return None
     if not args.overwrite:
         return f"--run-dir {path} already holds a run: pass --resume to continue it or --overwrite to replace it"
@@ -324,12 +353,36 @@ def run_dir_problem(args: Args) -> Optional[str]:
     return None
 
 
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why a checkpoint cannot be read (empty, truncated or not a torch.save file), with where the previous one is.
+
+    A cheap check (the zip directory at the end of the file, which a truncated write lacks) before anything is
+    made; the full read in train() reports the same way."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+        return None
+    except (OSError, zipfile.BadZipFile) as error:
+        return damaged(path, error)
+
+
+def damaged(path: str, error: Exception) -> str:
+    reason = str(error).split("\n")[0] or type(error).__name__
+    previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
+    hint = f"; the previous one is {previous}: copy it to {path} to resume from it" if os.path.isfile(previous) else ""
+    return f"--resume: {path} is damaged ({reason}){hint}"
+
+
 def validate(args: Args) -> Optional[str]:
     for names, rule, meaning in RULES:
         for name in names:
             if not rule(getattr(args, name)):
                 return f"{flag(name)} must be {meaning}, got {getattr(args, name)}"
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.seed + world - 1 >= 2**32:
+        return f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
     if args.prompts_per_step % world:
         return f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
     sequences = args.prompts_per_step // world * args.num_generations
@@ -475,6 +528,16 @@ def vaco_loss(
     else:
         masked = torch.zeros_like(advantages, dtype=torch.bool)
     return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
+
+
+def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
+    """Completions with at least one masked token, and completions with any token in the loss.
+
+    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
+    losses return them."""
+    rows = torch.zeros_like(selected)
+    rows[selected] = dropped
+    return int(rows.any(1).sum()), int(selected.any(1).sum())
 
 
 def completion_logprobs(
@@ -721,33 +784,514 @@ def decode_completions(tokenizer, batch: dict) -> list[str]:
     return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the run stops, saves what was asked and exits 128 + signal."""
+# ======================================================================================================================
+# One iteration of GRPO under policy lag, phase by phase, in the order train() calls them: draw the generating policy
+# (backward lag), generate one batch of K minibatches (forward lag), rewards and advantages, behaviour log-probs, K
+# optimizer steps, the final divergence, the logs.
+# ======================================================================================================================
 
 
-def on_signal(signum, frame):
-    raise Interrupted(signum)
+@dataclass
+class Run:
+    """What the phases of a run share: made by `start`, moved on by `restore` and the iterations. The model, the
+    optimizer, the policy buffer, the data order and its generator, `history` and `counters` are what a checkpoint
+    saves."""
+
+    args: Args
+    rank: int
+    world: int
+    run_name: str
+    run_dir: str
+    device: torch.device
+    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
+    use_bf16: bool
+    model: torch.nn.Module
+    tokenizer: object
+    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
+    optimizer: torch.optim.Optimizer
+    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
+    stop_ids: list[int]
+    pad_id: int
+    sample_config: GenerationConfig
+    greedy_config: GenerationConfig
+    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
+    train_rows: list[tuple[str, float]]
+    eval_rows: list[tuple[str, float]]
+    train_prompts: list[list[int]]
+    eval_prompts: list[list[int]]
+    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
+    order: collections.deque  # the training rows still to be drawn, in their order
+    num_iterations: int
+    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
+    local_sequences: int
+    single_pass: bool  # this rank's share of a minibatch is one micro-batch
+    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
+    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
+    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
+    first_iteration: int = 1
+    wandb_id: Optional[str] = None
+    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
+    writer: Optional[SummaryWriter] = None  # the main process's
+    start_time: float = 0.0
+    iteration_start: float = 0.0
+    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
+
+    @property
+    def main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def all_reduce(self, values: list[float], op=None) -> list[float]:
+        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start_clock(self):
+        """A new iteration: its phase timers start from zero."""
+        self.timers = collections.Counter()
+        self.iteration_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        self.synchronize()
+        begin = time.perf_counter()
+        yield
+        self.synchronize()
+        self.timers[phase] += time.perf_counter() - begin
 
 
-def save_checkpoint(path: str, state: dict):
-    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+def choose_generator(run: Run) -> int:
+    """Backward lag (docs/method.md §2): load one of the buffered policies into the generator, drawn with the data-order
+    generator (the same draw on every rank). Returns its staleness, the updates it is behind the learner."""
+    if not run.args.lag:
+        return 0
+    index = 0 if run.args.lag_mode == "fixed" else int(run.data_rng.integers(len(run.policy_buffer)))
+    with run.timed("buffer"):
+        run.generator.load_state_dict(run.policy_buffer[index])
+    return len(run.policy_buffer) - 1 - index
 
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def generate_batch(run: Run) -> tuple[dict, list[float]]:
+    """One generation batch of K minibatches (forward lag): this rank's share of each minibatch's prompts, G completions
+    each. Returns the batch (see `generate`) and the reference answer of each completion."""
+    args, G = run.args, run.args.num_generations
+    run.model.eval()
+    with run.timed("generation"):
+        prompt_rows = []
+        for _ in range(args.forward_lag):
+            while len(run.order) < args.prompts_per_step:
+                run.order.extend(run.data_rng.permutation(len(run.train_rows)).tolist())
+            indices = [run.order.popleft() for _ in range(args.prompts_per_step)]
+            prompt_rows += indices[run.rank * run.local_prompts : (run.rank + 1) * run.local_prompts]
+        prompts = [run.train_prompts[i] for i in prompt_rows for _ in range(G)]
+        with run.autocast():
+            generated = generate(
+                run.generator, prompts, run.sample_config, run.stop_ids, run.pad_id, run.device, args.generation_batch_size
+            )
+    return generated, [run.train_rows[i][1] for i in prompt_rows for _ in range(G)]
 
 
-def set_rng_state(state: dict):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+def rewards_and_advantages(run: Run, generated: dict, references: list[float]) -> tuple[dict, dict]:
+    """Rewards and GRPO advantages; adds `advantages` and the `loss_mask` of the tokens that train to `generated`.
+    Returns the batch's statistics for the iteration's record and its token counts (`sequences`: prompts and
+    completions, `completions`), both over all ranks."""
+    args = run.args
+    with run.timed("rewards"):
+        texts = decode_completions(run.tokenizer, generated)
+        rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
+        advantages, zero_std = grpo_advantages(rewards, args.num_generations)
+        group_std = rewards.view(-1, args.num_generations).std(dim=1)
+        lengths = generated["completion_mask"].sum(1).float().cpu()
+        truncated = generated["truncated"].float().cpu()
+        sums = run.all_reduce(
+            [
+                rewards.sum().item(),
+                float(len(texts)),
+                sum(is_correct(t, r) for t, r in zip(texts, references)),
+                sum(extract_answer(t) is not None for t in texts),
+                lengths.sum().item(),
+                truncated.sum().item(),
+                group_std.sum().item(),
+                zero_std * group_std.numel(),
+                float(group_std.numel()),
+                generated["attention_mask"].sum().item(),
+            ]
+        )
+        low = run.all_reduce([lengths.min().item(), -lengths.max().item()], torch.distributed.ReduceOp.MIN)
+        generated["advantages"] = advantages.to(run.device)
+        generated["loss_mask"] = generated["completion_mask"]
+        if args.mask_truncated_completions:
+            generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
+    rollout = {
+        "reward": sums[0] / sums[1],
+        "reward_std": sums[6] / sums[8],
+        "accuracy": sums[2] / sums[1],
+        "format_rate": sums[3] / sums[1],
+        "response_length": sums[4] / sums[1],
+        "response_length_min": low[0],
+        "response_length_max": -low[1],
+        "truncated_fraction": sums[5] / sums[1],
+        "zero_std_fraction": sums[7] / sums[8],
+    }
+    return rollout, {"sequences": sums[9], "completions": sums[4]}
+
+
+def behaviour_logprobs(run: Run, minibatches: list[dict]):
+    """log beta of every minibatch from the generating weights, frozen from here on. With no backward lag the first
+    minibatch is scored by unchanged weights in its own training pass, the same tensors and the same computation as a
+    separate pass would be (r = 1 exactly): that pass is skipped (`update` fills it in)."""
+    args = run.args
+    with run.timed("behaviour"):
+        for k, batch in enumerate(minibatches):
+            if k == 0 and not args.lag:
+                batch["logp_behaviour"] = None
+            else:
+                batch["logp_behaviour"] = score(run.generator, batch, args.micro_batch_size, args.temperature, run.autocast)
+
+
+def is_over_budget(run: Run, deviation: float, denominator: float) -> bool:
+    """VACO's test D > delta/2, D = 1/2 sum|r - 1| / tokens over the whole minibatch (all ranks)."""
+    return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
+
+
+def update(run: Run, iteration: int, k: int, batch: dict) -> tuple[dict, int]:
+    """Optimizer step k + 1 of the generation batch, on minibatch k (forward lag k): PPO-clip or VACO's filter, the
+    gradient accumulated micro-batch by micro-batch. Returns the step's record and the tokens this rank trained on."""
+    args, model = run.args, run.model
+    num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
+    denominator = max(num_tokens, 1.0)
+    over_budget = False
+    if args.loss == "vaco" and not run.single_pass and batch["logp_behaviour"] is not None:
+        # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
+        # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
+        with run.timed("prescore"):
+            current = score(model, batch, args.micro_batch_size, args.temperature, run.autocast)
+            deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
+            over_budget = is_over_budget(run, deviation, denominator)
+    training_tokens = 0
+    with run.timed("training"):
+        run.optimizer.zero_grad(set_to_none=True)
+        sums = collections.Counter()
+        for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
+            width = completion_mask.shape[1]
+            with run.autocast():
+                logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
+            selected = batch["loss_mask"][rows, :width]
+            if batch["logp_behaviour"] is None:
+                batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+            if k == 0 and not args.lag:  # the skipped behaviour pass: log beta is this pass's log pi_theta
+                batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
+            logp = logp[selected]
+            logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
+            token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
+            log_ratio = logp.detach() - logp_behaviour
+            ratio = log_ratio.exp()
+            if args.loss == "vaco" and run.single_pass:
+                over_budget = is_over_budget(run, abs_deviation(log_ratio), denominator)
+            if args.loss == "ppo-clip":
+                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high)
+            else:
+                per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
+            loss = per_token.sum() / denominator
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
+            loss.backward()
+            sums["loss"] += loss.item()
+            sums["abs_dev"] += abs_deviation(log_ratio)
+            sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
+            sums["dropped"] += dropped.sum().item()
+            if args.loss == "vaco":
+                masked_rows, rows_with_tokens = masked_completions(selected, dropped)
+                sums["dropped_completions"] += masked_rows
+                sums["completions"] += rows_with_tokens
+            sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
+            sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
+            sums["entropy"] += entropy[selected].sum().item()
+            training_tokens += int(mask.sum())
+        sum_gradients(run)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
+        run.optimizer.step()
+    run.counters["global_step"] += 1
+    return step_record(run, iteration, k, sums, denominator, grad_norm, over_budget), training_tokens
+
+
+def step_record(run: Run, iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
+    """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
+    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
+    keys += ["dropped_completions", "completions"]
+    totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
+    step = {
+        "step": run.counters["global_step"],
+        "iteration": iteration,
+        "position": k + 1,
+        "policy_loss": totals["loss"],
+        "tv": 0.5 * totals["abs_dev"] / denominator,
+        "approx_kl": totals["approx_kl"] / denominator,
+        "grad_norm": grad_norm,
+        "entropy": totals["entropy"] / denominator,
+        "learning_rate": run.optimizer.param_groups[0]["lr"],
+    }
+    if run.args.loss == "ppo-clip":
+        step["clip_fraction"] = totals["dropped"] / denominator
+        step["clip_ratio_low"] = totals["clip_low"] / denominator
+        step["clip_ratio_high"] = totals["clip_high"] / denominator
+    else:
+        step["filter_fraction"] = totals["dropped"] / denominator
+        step["filter_completion_fraction"] = totals["dropped_completions"] / max(totals["completions"], 1.0)
+        step["over_budget"] = float(over_budget)
+    return step
+
+
+def final_divergence(run: Run, minibatches: list[dict]) -> Optional[float]:
+    """D of the generation batch after its last update (the paper's TV plot), on the first --final-tv-fraction of
+    each minibatch's micro-batches; None with --final-tv-fraction 0."""
+    if not run.final_tv_batches:
+        return None
+    args = run.args
+    run.model.eval()
+    with run.timed("final_tv"):
+        deviation, count = 0.0, 0.0
+        for batch in minibatches:
+            current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
+            scored = batch["loss_mask"].clone()
+            scored[run.final_tv_batches * args.micro_batch_size :] = False
+            deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
+            count += scored.sum().item()
+        deviation, count = run.all_reduce([deviation, count])
+    return 0.5 * deviation / max(count, 1.0)
+
+
+def log_step(run: Run, step: dict):
+    if run.main_process:
+        for key, tag in STEP_TAGS.items():
+            if key in step:
+                run.writer.add_scalar(tag, step[key], run.counters["global_step"])
+
+
+def log_iteration(run: Run, iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv):
+    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
+    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
+    of this rank's training passes."""
+    args, counters = run.args, run.counters
+    counters["tokens_seen"] += int(tokens["sequences"])
+    wall = time.perf_counter() - run.iteration_start
+    record = {
+        "step": counters["global_step"],
+        "iteration": iteration,
+        **rollout,
+        "tokens_seen": counters["tokens_seen"],
+        "staleness": staleness,
+        "tv_backward": steps[0]["tv"],
+        "tv_final": final_tv,
+        "generation_tokens_per_s": tokens["completions"] / run.timers["generation"],
+        "training_tokens_per_s": run.all_reduce([float(tokens["trained"])])[0] / run.timers["training"],
+        "iteration_seconds": wall,
+        "other_seconds": wall - sum(run.timers.values()),
+    }
+    record.update({f"{phase}_seconds": seconds for phase, seconds in run.timers.items()})
+    if args.loss == "vaco":
+        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
+    run.history["steps"] += steps
+    run.history["iterations"].append(record)
+    if not run.main_process:
+        return
+    for key, value in record.items():
+        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
+        if tag and value is not None:
+            run.writer.add_scalar(tag, value, counters["global_step"])
+    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
+    print(
+        f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
+        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
+        f"len {record['response_length']:.0f} tv_final {tv_text} "
+        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
+        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
+        f"({time.time() - run.start_time:.0f} s)",
+        flush=True,
+    )
+
+
+# ======================================================================================================================
+# The run's plumbing: set-up, resume, the run folder and its logs, evaluation, checkpoints, the end of the run.
+# ======================================================================================================================
+
+
+def start(args: Args) -> Run:
+    """Seeds, the data, the model on its device (and the process group under torchrun), the sampling set-up, the
+    optimizer and the policy buffer. Bad data stops the run before any model is loaded."""
+    error = validate(args)
+    if error:
+        fail(error)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
+
+    # Each rank samples its own completions; the data order is shared, so ranks split the same prompts.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
+
+    # Inputs first, so bad data stops the run before any model is loaded.
+    train_rows = load_split(args.data_file, "train")
+    eval_rows = load_split(args.eval_data_file, "test")[: args.eval_size] if args.eval_every > 0 else []
+    model, tokenizer = load_model_and_tokenizer(args.model_id)
+
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        if args.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    use_bf16 = args.bf16 and device.type == "cuda"
+
+    model.to(device)
+    if use_bf16:
+        keep_output_head_fp32(model)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    stop_ids = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    # Replace the checkpoint's generation defaults (top-k, top-p, repetition penalty...) so that tokens
+    # are drawn from softmax(logits / T) exactly, the distribution beta scores. Restored before saving.
+    checkpoint_generation_config = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=pad_id)
+    sample_config = GenerationConfig(
+        do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate)
+
+    local_prompts = args.prompts_per_step // world
+    local_sequences = local_prompts * args.num_generations
+    return Run(
+        args=args,
+        rank=rank,
+        world=world,
+        run_name=run_name,
+        run_dir=args.run_dir or os.path.join("runs", run_name),
+        device=device,
+        comm_device=device if world > 1 and device.type == "cuda" else torch.device("cpu"),
+        use_bf16=use_bf16,
+        model=model,
+        tokenizer=tokenizer,
+        # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included, kept
+        # in host memory until drawn. With no lag the learner generates itself and no copy is kept.
+        generator=copy.deepcopy(model).eval() if args.lag else model,
+        optimizer=optimizer,
+        policy_buffer=collections.deque([snapshot(model)], maxlen=args.lag + 1) if args.lag else None,
+        stop_ids=stop_ids,
+        pad_id=pad_id,
+        sample_config=sample_config,
+        greedy_config=GenerationConfig(do_sample=False, max_new_tokens=args.max_new_tokens),
+        checkpoint_generation_config=checkpoint_generation_config,
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        train_prompts=[encode_prompt(tokenizer, question) for question, _ in train_rows],
+        eval_prompts=[encode_prompt(tokenizer, question) for question, _ in eval_rows],
+        data_rng=np.random.default_rng(args.seed),
+        order=collections.deque(),
+        num_iterations=args.total_steps // args.forward_lag if args.total_steps else args.num_iterations,
+        local_prompts=local_prompts,
+        local_sequences=local_sequences,
+        single_pass=args.micro_batch_size == local_sequences,
+        final_tv_batches=math.ceil(args.final_tv_fraction * (local_sequences // args.micro_batch_size)),
+    )
+
+
+def snapshot(model) -> dict:
+    """The weights, copied to host memory: an entry of the policy buffer."""
+    return {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
+
+
+def restore(run: Run):
+    """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the last
+    checkpoint. A run that stopped before its first checkpoint starts again from the beginning, same arguments."""
+    args = run.args
+    path = os.path.join(run.run_dir, CHECKPOINT)
+    run.restart = args.resume and not os.path.exists(path)
+    if run.restart and run.main_process:
+        print(f"--resume: no {CHECKPOINT} in {run.run_dir}: starting the run again from the beginning", flush=True)
+    if not args.resume or run.restart:
+        return
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        missing = {"model", "optimizer", "iteration", "world_size", "history", "counters"} - set(state)
+        if missing:
+            raise ValueError(f"no {', '.join(sorted(missing))}")
+    except Exception as error:  # any unreadable file: unpickling, zip, EOF, a foreign object
+        fail(damaged(path, error))
+    if state["world_size"] != run.world:
+        fail(f"--resume: the run used {state['world_size']} processes, this one {run.world}")
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    if args.lag:
+        run.policy_buffer.clear()
+        run.policy_buffer.extend(state["policy_buffer"])
+    run.data_rng.bit_generator.state = state["data_rng"]
+    run.order.extend(state["order"])
+    set_rng_state(state["rng"][run.rank])
+    run.history, run.counters, run.wandb_id = state["history"], state["counters"], state["wandb_id"]
+    run.first_iteration = state["iteration"] + 1
+    run.run_name = state["run_name"]
+
+
+def open_run_folder(run: Run):
+    """The main process's run folder (replaced with --overwrite), args.json, wandb, TensorBoard and the memory line."""
+    args, run_dir = run.args, run.run_dir
+    if not run.main_process:
+        return
+    if args.overwrite and os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    print(f"run folder: {run_dir}", flush=True)
+    with open(os.path.join(run_dir, "args.json"), "w") as handle:
+        json.dump(dataclasses.asdict(args), handle, indent=2)
+    if args.track:
+        import wandb
+
+        wandb.tensorboard.patch(root_logdir=run_dir)
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            config=vars(args),
+            name=run.run_name,
+            save_code=True,
+            id=run.wandb_id,
+            resume="allow" if run.wandb_id else None,
+        )
+        run.wandb_id = wandb.run.id
+    # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
+    purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
+    run.writer = SummaryWriter(run_dir, purge_step=purge_step)
+    if not args.resume or run.restart:
+        run.writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        )
+    widest = max(len(p) for p in run.train_prompts)
+    sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
+    print(memory_estimate(run.model, args, sequences, widest, run.use_bf16), flush=True)
 
 
 def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16: bool) -> str:
@@ -771,478 +1315,205 @@ def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16:
     )
 
 
-def train(args: Args) -> dict:
-    """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
-    error = validate(args)
-    if error:
-        fail(error)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    main_process = rank == 0
-    run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
-    run_dir = args.run_dir or os.path.join("runs", run_name)
+def evaluate(run: Run):
+    """Greedy accuracy and format rate on the evaluation prompts (main process only)."""
+    run.model.eval()
+    correct, formatted = 0, 0
+    for start in range(0, len(run.eval_prompts), run.local_sequences):
+        with run.autocast():
+            prompts = run.eval_prompts[start : start + run.local_sequences]
+            batch = generate(run.model, prompts, run.greedy_config, run.stop_ids, run.pad_id, run.device)
+        texts = decode_completions(run.tokenizer, batch)
+        for text, (_, reference) in zip(texts, run.eval_rows[start : start + run.local_sequences]):
+            correct += is_correct(text, reference)
+            formatted += extract_answer(text) is not None
+    step = run.counters["global_step"]
+    record = {"step": step, "accuracy": correct / len(run.eval_rows), "format_rate": formatted / len(run.eval_rows)}
+    run.writer.add_scalar("eval/accuracy", record["accuracy"], step)
+    run.writer.add_scalar("eval/format_rate", record["format_rate"], step)
+    print(f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}", flush=True)
+    run.history["evals"].append(record)
 
-    # Each rank samples its own completions; the data order is shared, so ranks split the same prompts.
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads is not None:
-        torch.set_num_threads(args.torch_threads)
 
-    # Inputs first, so bad data stops the run before any model is loaded.
-    train_rows = load_split(args.data_file, "train")
-    eval_rows = load_split(args.eval_data_file, "test")[: args.eval_size] if args.eval_every > 0 else []
-    model, tokenizer = load_model_and_tokenizer(args.model_id)
+def sum_gradients(run: Run):
+    """Under torchrun, the sum of the gradients over ranks: each rank's loss is already divided by the global count."""
+    if not run.distributed:
+        return
+    for parameter in run.model.parameters():
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in run.model.parameters()]
+    for handle in handles:
+        handle.wait()
 
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        if args.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-    distributed = world > 1
-    if distributed:
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    comm_device = device if distributed and device.type == "cuda" else torch.device("cpu")
-    use_bf16 = args.bf16 and device.type == "cuda"
 
-    def all_reduce(values: list[float], op=None) -> list[float]:
-        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
-        if not distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=comm_device)
-        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
-        return tensor.tolist()
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the run stops, saves what was asked and exits 128 + signal."""
 
-    def autocast():
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
-    def synchronize():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+def on_signal(signum, frame):
+    raise Interrupted(signum)
 
-    model.to(device)
-    if use_bf16:
-        keep_output_head_fp32(model)
-    if args.gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    stop_ids = stop_token_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id
-    # Replace the checkpoint's generation defaults (top-k, top-p, repetition penalty...) so that tokens
-    # are drawn from softmax(logits / T) exactly, the distribution beta scores. Restored before saving.
-    checkpoint_generation_config = model.generation_config
-    model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=pad_id)
-    sample_config = GenerationConfig(
-        do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens
-    )
-    greedy_config = GenerationConfig(do_sample=False, max_new_tokens=args.max_new_tokens)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate)
 
-    train_prompts = [encode_prompt(tokenizer, question) for question, _ in train_rows]
-    eval_prompts = [encode_prompt(tokenizer, question) for question, _ in eval_rows]
-    data_rng = np.random.default_rng(args.seed)
-    order = collections.deque()
+def write_checkpoint(run: Run, iteration: int):
+    """<run_dir>/checkpoint.pt after `iteration`: everything the rest of the run depends on, every rank's RNG states."""
+    begin = time.perf_counter()
+    rng_states = [None] * run.world
+    if run.distributed:
+        torch.distributed.all_gather_object(rng_states, rng_state())
+    else:
+        rng_states[0] = rng_state()
+    if not run.main_process:
+        return
+    state = {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "policy_buffer": list(run.policy_buffer) if run.args.lag else None,
+        "data_rng": run.data_rng.bit_generator.state,
+        "order": list(run.order),
+        "rng": rng_states,
+        "history": run.history,
+        "counters": run.counters,
+        "iteration": iteration,
+        "world_size": run.world,
+        "run_name": run.run_name,
+        "wandb_id": run.wandb_id,
+    }
+    save_checkpoint(os.path.join(run.run_dir, CHECKPOINT), state)
+    run.writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, run.counters["global_step"])
 
-    # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included, kept
-    # in host memory until drawn. With no lag the learner generates itself and no copy is kept.
-    def snapshot():
-        return {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
 
-    policy_buffer = collections.deque([snapshot()], maxlen=args.lag + 1) if args.lag else None
-    generator = copy.deepcopy(model).eval() if args.lag else model
+def save_checkpoint(path: str, state: dict):
+    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one, and the one
+    before it stays as checkpoint.prev.pt (a hard link: no copy). At every moment `path` is a whole checkpoint."""
+    torch.save(state, path + ".tmp")
+    if os.path.exists(path):
+        previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
+        if os.path.exists(previous):
+            os.remove(previous)
+        try:
+            os.link(path, previous)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(path, previous)
+    os.replace(path + ".tmp", path)
 
-    G = args.num_generations
-    K = args.forward_lag
-    local_prompts = args.prompts_per_step // world  # each rank holds whole groups: GRPO's advantages stay local
-    local_sequences = local_prompts * G
-    single_pass = args.micro_batch_size == local_sequences  # a rank's share of a minibatch is one micro-batch
-    num_iterations = args.total_steps // K if args.total_steps else args.num_iterations
-    micro_per_batch = local_sequences // args.micro_batch_size
-    final_tv_batches = math.ceil(args.final_tv_fraction * micro_per_batch)
-    history = {"steps": [], "iterations": [], "evals": []}
-    counters = {"global_step": 0, "tokens_seen": 0}
-    first_iteration = 1
-    wandb_id = None
 
-    if args.resume:
-        state = torch.load(os.path.join(run_dir, CHECKPOINT), map_location="cpu", weights_only=False)
-        if state["world_size"] != world:
-            fail(f"--resume: the run used {state['world_size']} processes, this one {world}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if args.lag:
-            policy_buffer.clear()
-            policy_buffer.extend(state["policy_buffer"])
-        data_rng.bit_generator.state = state["data_rng"]
-        order.extend(state["order"])
-        set_rng_state(state["rng"][rank])
-        history, counters, wandb_id = state["history"], state["counters"], state["wandb_id"]
-        first_iteration = state["iteration"] + 1
-        run_name = state["run_name"]
-        del state
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
-    writer = None
-    if main_process:
-        if args.overwrite and os.path.isdir(run_dir):
-            shutil.rmtree(run_dir)
-        os.makedirs(run_dir, exist_ok=True)
-        print(f"run folder: {run_dir}", flush=True)
-        with open(os.path.join(run_dir, "args.json"), "w") as handle:
-            json.dump(dataclasses.asdict(args), handle, indent=2)
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model(run: Run):
+    """save_pretrained of the model (with its own generation defaults) and the tokenizer to <run_dir>/model."""
+    folder = os.path.join(run.run_dir, "model")
+    run.model.generation_config = run.checkpoint_generation_config
+    run.model.save_pretrained(folder)
+    run.tokenizer.save_pretrained(folder)
+    run.model.generation_config = GenerationConfig(eos_token_id=run.stop_ids, pad_token_id=run.pad_id)
+    print(f"model saved to {folder}", flush=True)
+
+
+def finish(run: Run, interrupted: Optional[signal.Signals]):
+    """The end of the run, finished or stopped by a signal: the model (--save-model), summary.json, the logs closed;
+    a stopped run exits 128 + signal."""
+    args = run.args
+    if run.main_process:
+        if args.save_model:
+            save_model(run)
+        last = run.history["iterations"][-1] if run.history["iterations"] else {}
+        summary = {
+            "interrupted": interrupted.name if interrupted else False,
+            "global_step": run.counters["global_step"],
+            "iterations": len(run.history["iterations"]),
+            "tokens_seen": run.counters["tokens_seen"],
+            "reward": last.get("reward"),
+            "tv_final": last.get("tv_final"),
+            "eval_accuracy": run.history["evals"][-1]["accuracy"] if run.history["evals"] else None,
+            "seconds": time.time() - run.start_time,
+        }
+        with open(os.path.join(run.run_dir, "summary.json"), "w") as handle:
+            json.dump(summary, handle, indent=2)
+        run.writer.close()
         if args.track:
             import wandb
 
-            wandb.tensorboard.patch(root_logdir=run_dir)
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                config=vars(args),
-                name=run_name,
-                save_code=True,
-                id=wandb_id,
-                resume="allow" if wandb_id else None,
-            )
-            wandb_id = wandb.run.id
-        # purge_step drops anything logged after the checkpoint by the interrupted run.
-        writer = SummaryWriter(run_dir, purge_step=counters["global_step"] + 1 if args.resume else None)
-        if not args.resume:
-            writer.add_text(
-                "hyperparameters",
-                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-            )
-        widest = max(len(p) for p in train_prompts)
-        sequences = args.generation_batch_size or K * local_sequences
-        print(memory_estimate(model, args, sequences, widest, use_bf16), flush=True)
+            wandb.finish(exit_code=128 + interrupted if interrupted else 0)
+    if run.distributed and not interrupted:
+        torch.distributed.destroy_process_group()
+    if interrupted:
+        raise SystemExit(128 + interrupted)
 
-    def evaluate():
-        model.eval()
-        correct, formatted = 0, 0
-        for start in range(0, len(eval_prompts), local_sequences):
-            with autocast():
-                batch = generate(model, eval_prompts[start : start + local_sequences], greedy_config, stop_ids, pad_id, device)
-            texts = decode_completions(tokenizer, batch)
-            for text, (_, reference) in zip(texts, eval_rows[start : start + local_sequences]):
-                correct += is_correct(text, reference)
-                formatted += extract_answer(text) is not None
-        step = counters["global_step"]
-        record = {"step": step, "accuracy": correct / len(eval_rows), "format_rate": formatted / len(eval_rows)}
-        writer.add_scalar("eval/accuracy", record["accuracy"], step)
-        writer.add_scalar("eval/format_rate", record["format_rate"], step)
-        print(f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}", flush=True)
-        history["evals"].append(record)
 
-    def write_checkpoint(iteration: int):
-        rng_states = [None] * world
-        if distributed:
-            torch.distributed.all_gather_object(rng_states, rng_state())
-        else:
-            rng_states[0] = rng_state()
-        if main_process:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "policy_buffer": list(policy_buffer) if args.lag else None,
-                "data_rng": data_rng.bit_generator.state,
-                "order": list(order),
-                "rng": rng_states,
-                "history": history,
-                "counters": counters,
-                "iteration": iteration,
-                "world_size": world,
-                "run_name": run_name,
-                "wandb_id": wandb_id,
-            }
-            save_checkpoint(os.path.join(run_dir, CHECKPOINT), state)
+# ======================================================================================================================
+# The training loop.
+# ======================================================================================================================
 
-    def save_model():
-        model.generation_config = checkpoint_generation_config
-        model.save_pretrained(os.path.join(run_dir, "model"))
-        tokenizer.save_pretrained(os.path.join(run_dir, "model"))
-        model.generation_config = GenerationConfig(eos_token_id=stop_ids, pad_token_id=pad_id)
-        print(f"model saved to {os.path.join(run_dir, 'model')}", flush=True)
 
+def train(args: Args) -> dict:
+    """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
+    run = start(args)
+    restore(run)
+    open_run_folder(run)
     previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = None
-    start_time = time.time()
+    run.start_time = time.time()
     try:
-        if eval_rows and main_process and not args.resume:
-            evaluate()
-        for iteration in range(first_iteration, num_iterations + 1):
-            timers = collections.Counter()
-            iteration_start = time.perf_counter()
+        if run.eval_rows and run.main_process and (not args.resume or run.restart):
+            evaluate(run)
+        for iteration in range(run.first_iteration, run.num_iterations + 1):
+            run.start_clock()
+            # One generation batch of K minibatches, from a policy of the buffer (backward lag), with GRPO's
+            # advantages and the generating policy's log-probs.
+            staleness = choose_generator(run)
+            generated, references = generate_batch(run)
+            rollout, tokens = rewards_and_advantages(run, generated, references)
+            size = run.local_sequences
+            minibatches = [take_rows(generated, slice(k * size, (k + 1) * size)) for k in range(args.forward_lag)]
+            behaviour_logprobs(run, minibatches)
 
-            @contextlib.contextmanager
-            def timed(phase):
-                synchronize()
-                begin = time.perf_counter()
-                yield
-                synchronize()
-                timers[phase] += time.perf_counter() - begin
-
-            # Choose the generating policy (backward lag), with the data-order generator: the same draw on every rank.
-            staleness = 0
-            if args.lag:
-                index = 0 if args.lag_mode == "fixed" else int(data_rng.integers(len(policy_buffer)))
-                staleness = len(policy_buffer) - 1 - index
-                with timed("buffer"):
-                    generator.load_state_dict(policy_buffer[index])
-
-            # One generation batch of K minibatches; this rank generates its share of each minibatch's prompts.
-            model.eval()
-            with timed("generation"):
-                prompt_rows = []
-                for _ in range(K):
-                    while len(order) < args.prompts_per_step:
-                        order.extend(data_rng.permutation(len(train_rows)).tolist())
-                    indices = [order.popleft() for _ in range(args.prompts_per_step)]
-                    prompt_rows += indices[rank * local_prompts : (rank + 1) * local_prompts]
-                prompts = [train_prompts[i] for i in prompt_rows for _ in range(G)]
-                with autocast():
-                    generated = generate(
-                        generator, prompts, sample_config, stop_ids, pad_id, device, args.generation_batch_size
-                    )
-            references = [train_rows[i][1] for i in prompt_rows for _ in range(G)]
-
-            # Rewards and GRPO advantages.
-            with timed("rewards"):
-                texts = decode_completions(tokenizer, generated)
-                rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
-                advantages, zero_std = grpo_advantages(rewards, G)
-                group_std = rewards.view(-1, G).std(dim=1)
-                lengths = generated["completion_mask"].sum(1).float().cpu()
-                truncated = generated["truncated"].float().cpu()
-                sums = all_reduce(
-                    [
-                        rewards.sum().item(),
-                        float(len(texts)),
-                        sum(is_correct(t, r) for t, r in zip(texts, references)),
-                        sum(extract_answer(t) is not None for t in texts),
-                        lengths.sum().item(),
-                        truncated.sum().item(),
-                        group_std.sum().item(),
-                        zero_std * group_std.numel(),
-                        float(group_std.numel()),
-                        generated["attention_mask"].sum().item(),
-                    ]
-                )
-                low = all_reduce([lengths.min().item(), -lengths.max().item()], torch.distributed.ReduceOp.MIN)
-                generated["advantages"] = advantages.to(device)
-                generated["loss_mask"] = generated["completion_mask"]
-                if args.mask_truncated_completions:
-                    generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
-            minibatches = [take_rows(generated, slice(k * local_sequences, (k + 1) * local_sequences)) for k in range(K)]
-
-            # Behaviour log-probs from the generating weights, frozen from here on. With no backward lag the
-            # first minibatch is scored by unchanged weights in its own training pass, the same tensors and
-            # the same computation as a separate pass would be (r = 1 exactly): that pass is skipped.
-            with timed("behaviour"):
-                for k, batch in enumerate(minibatches):
-                    if k == 0 and not args.lag:
-                        batch["logp_behaviour"] = None
-                    else:
-                        batch["logp_behaviour"] = score(generator, batch, args.micro_batch_size, args.temperature, autocast)
-
-            # K optimizer steps, one per minibatch: forward lag k - 1 at step k.
-            model.train()
-            training_tokens = 0
-            steps = []
+            # K optimizer steps, one per minibatch: minibatch k (from 0) trains on data k updates old (forward lag).
+            run.model.train()
+            steps, tokens["trained"] = [], 0
             for k, batch in enumerate(minibatches):
-                num_tokens = all_reduce([batch["loss_mask"].sum().item()])[0]
-                denominator = max(num_tokens, 1.0)
-                over_budget = False
-                if args.loss == "vaco" and not single_pass and batch["logp_behaviour"] is not None:
-                    # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
-                    # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
-                    with timed("prescore"):
-                        current = score(model, batch, args.micro_batch_size, args.temperature, autocast)
-                        deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
-                        over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
-                with timed("training"):
-                    optimizer.zero_grad(set_to_none=True)
-                    step_sums = collections.Counter()
-                    for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
-                        width = completion_mask.shape[1]
-                        with autocast():
-                            logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
-                        selected = batch["loss_mask"][rows, :width]
-                        if batch["logp_behaviour"] is None:
-                            batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
-                        if k == 0 and not args.lag:
-                            batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
-                        logp = logp[selected]
-                        logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
-                        token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
-                        log_ratio = logp.detach() - logp_behaviour
-                        ratio = log_ratio.exp()
-                        if args.loss == "vaco" and single_pass:
-                            deviation = abs_deviation(log_ratio)
-                            over_budget = 0.5 * all_reduce([deviation])[0] / denominator > args.tv_threshold / 2
-                        if args.loss == "ppo-clip":
-                            per_token, dropped = ppo_clip_loss(
-                                logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high
-                            )
-                        else:
-                            per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
-                        loss = per_token.sum() / denominator
-                        if not torch.isfinite(loss):
-                            raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
-                        loss.backward()
-                        step_sums["loss"] += loss.item()
-                        step_sums["abs_dev"] += abs_deviation(log_ratio)
-                        step_sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
-                        step_sums["dropped"] += dropped.sum().item()
-                        step_sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
-                        step_sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
-                        step_sums["entropy"] += entropy[selected].sum().item()
-                        training_tokens += int(mask.sum())
-                    if distributed:  # the sum over ranks: each rank's loss is already divided by the global count
-                        for parameter in model.parameters():
-                            if parameter.grad is None:
-                                parameter.grad = torch.zeros_like(parameter)
-                        handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in model.parameters()]
-                        for handle in handles:
-                            handle.wait()
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-                    if not math.isfinite(grad_norm):
-                        raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
-                    optimizer.step()
-                counters["global_step"] += 1
-                keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
-                totals = dict(zip(keys, all_reduce([float(step_sums[key]) for key in keys])))
-                step = {
-                    "step": counters["global_step"],
-                    "iteration": iteration,
-                    "position": k + 1,
-                    "policy_loss": totals["loss"],
-                    "tv": 0.5 * totals["abs_dev"] / denominator,
-                    "approx_kl": totals["approx_kl"] / denominator,
-                    "grad_norm": grad_norm,
-                    "entropy": totals["entropy"] / denominator,
-                    "learning_rate": optimizer.param_groups[0]["lr"],
-                }
-                if args.loss == "ppo-clip":
-                    step["clip_fraction"] = totals["dropped"] / denominator
-                    step["clip_ratio_low"] = totals["clip_low"] / denominator
-                    step["clip_ratio_high"] = totals["clip_high"] / denominator
-                else:
-                    step["filter_fraction"] = totals["dropped"] / denominator
-                    step["over_budget"] = float(over_budget)
-                if main_process:
-                    for key, tag in STEP_TAGS.items():
-                        if key in step:
-                            writer.add_scalar(tag, step[key], counters["global_step"])
+                step, trained = update(run, iteration, k, batch)
+                log_step(run, step)
                 steps.append(step)
+                tokens["trained"] += trained
+            final_tv = final_divergence(run, minibatches)
+            if args.lag:  # the updated policy joins the buffer
+                with run.timed("buffer"):
+                    run.policy_buffer.append(snapshot(run.model))
 
-            # Final divergence of the generation batch after its last update (the paper's TV plot), on the
-            # first --final-tv-fraction of each minibatch's micro-batches.
-            final_tv = None
-            if final_tv_batches:
-                model.eval()
-                with timed("final_tv"):
-                    deviation, count = 0.0, 0.0
-                    for batch in minibatches:
-                        current = score(model, batch, args.micro_batch_size, args.temperature, autocast, final_tv_batches)
-                        scored = batch["loss_mask"].clone()
-                        scored[final_tv_batches * args.micro_batch_size :] = False
-                        deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
-                        count += scored.sum().item()
-                    deviation, count = all_reduce([deviation, count])
-                    final_tv = 0.5 * deviation / max(count, 1.0)
-            if args.lag:
-                with timed("buffer"):
-                    policy_buffer.append(snapshot())
-
-            if main_process and eval_rows and (iteration % args.eval_every == 0 or iteration == num_iterations):
-                with timed("eval"):
-                    evaluate()
-
-            counters["tokens_seen"] += int(sums[9])
-            wall = time.perf_counter() - iteration_start
-            record = {
-                "step": counters["global_step"],
-                "iteration": iteration,
-                "reward": sums[0] / sums[1],
-                "reward_std": sums[6] / sums[8],
-                "accuracy": sums[2] / sums[1],
-                "format_rate": sums[3] / sums[1],
-                "response_length": sums[4] / sums[1],
-                "response_length_min": low[0],
-                "response_length_max": -low[1],
-                "truncated_fraction": sums[5] / sums[1],
-                "zero_std_fraction": sums[7] / sums[8],
-                "tokens_seen": counters["tokens_seen"],
-                "staleness": staleness,
-                "tv_backward": steps[0]["tv"],
-                "tv_final": final_tv,
-                "generation_tokens_per_s": all_reduce([lengths.sum().item()])[0] / timers["generation"],
-                "training_tokens_per_s": all_reduce([float(training_tokens)])[0] / timers["training"],
-                "iteration_seconds": wall,
-                "other_seconds": wall - sum(timers.values()),
-            }
-            record.update({f"{phase}_seconds": seconds for phase, seconds in timers.items()})
-            if args.loss == "vaco":
-                record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
-            history["steps"] += steps
-            history["iterations"].append(record)
-            if main_process:
-                for key, value in record.items():
-                    tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
-                    if tag and value is not None:
-                        writer.add_scalar(tag, value, counters["global_step"])
-                dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
-                tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
-                print(
-                    f"iter {iteration}/{num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
-                    f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-                    f"len {record['response_length']:.0f} tv_final {tv_text} "
-                    f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
-                    f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-                    f"({time.time() - start_time:.0f} s)",
-                    flush=True,
-                )
-            if iteration == num_iterations or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-                begin = time.perf_counter()
-                write_checkpoint(iteration)
-                if main_process:
-                    writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, counters["global_step"])
+            last = iteration == run.num_iterations
+            if run.main_process and run.eval_rows and (iteration % args.eval_every == 0 or last):
+                with run.timed("eval"):
+                    evaluate(run)
+            log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
+            if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+                write_checkpoint(run, iteration)
     except Interrupted as stop:
         interrupted = signal.Signals(stop.args[0])
-        if main_process:
-            print(f"\ninterrupted by {interrupted.name} at step {counters['global_step']}", flush=True)
+        if run.main_process:
+            print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
     except FloatingPointError as problem:
-        if writer:
-            writer.close()
+        if run.writer:
+            run.writer.close()
         raise SystemExit(f"error: {problem}; stopping")
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-
-    if main_process:
-        if args.save_model:
-            save_model()
-        last = history["iterations"][-1] if history["iterations"] else {}
-        summary = {
-            "interrupted": interrupted.name if interrupted else False,
-            "global_step": counters["global_step"],
-            "iterations": len(history["iterations"]),
-            "tokens_seen": counters["tokens_seen"],
-            "reward": last.get("reward"),
-            "tv_final": last.get("tv_final"),
-            "eval_accuracy": history["evals"][-1]["accuracy"] if history["evals"] else None,
-            "seconds": time.time() - start_time,
-        }
-        with open(os.path.join(run_dir, "summary.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
-        writer.close()
-        if args.track:
-            wandb.finish(exit_code=128 + interrupted if interrupted else 0)
-    if distributed and not interrupted:
-        torch.distributed.destroy_process_group()
-    if interrupted:
-        raise SystemExit(128 + interrupted)
-    return history
+    finish(run, interrupted)
+    return run.history
 
 
 if __name__ == "__main__":

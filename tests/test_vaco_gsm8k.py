@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -392,10 +393,23 @@ def expect_usage_error(capsys, call, *fragments):
         (["--seed", "abc"], "--seed"),  # tyro's own errors are folded into one line too
         (["--no-such-flag", "1"], "Unrecognized options"),
         (["--loss", "sgd"], "--loss"),
+        # Numbers far out of range stop here, before anything is made (not as overflows later on).
+        (["--seed", str(2**64)], "--seed must be in [0, 2**32)"),
+        (["--lag", str(10**20)], "--lag must be < 2**31"),
+        (["--forward-lag", str(10**20)], "--forward-lag must be < 2**31"),
+        (["--total-steps", str(2**40)], "--total-steps must be < 2**31"),
+        (["--num-iterations", str(10**20)], "--num-iterations must be < 2**31"),
+        (["--max-new-tokens", str(10**20)], "--max-new-tokens must be < 2**31"),
+        (["--torch-threads", str(10**20)], "--torch-threads must be in [1, 4096]"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     expect_usage_error(capsys, lambda: V.parse_args(argv), fragment)
+
+
+def test_seed_plus_rank_must_stay_in_numpy_range(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    expect_usage_error(capsys, lambda: V.parse_args(["--seed", str(2**32 - 1)]), "--seed + processes - 1 must be < 2**32")
 
 
 def test_sweep_style_booleans(tiny):
@@ -494,6 +508,9 @@ def bad_input_cases(tmp_path, tiny):
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "args.json").write_text("{}")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "args.json").write_text("not json")
     return [
         (["--seed", "-1"], "--seed must be in [0, 2**32)"),
         (["--learning-rate", "nan"], "--learning-rate must be > 0 and finite"),
@@ -505,7 +522,8 @@ def bad_input_cases(tmp_path, tiny):
         (["--run-dir", str(a_file / "sub")], "is under a file"),
         (["--run-dir", str(a_file)], "is a file"),
         (["--run-dir", str(existing)], "already holds a run: pass --resume"),
-        (["--run-dir", str(existing), "--resume"], "no checkpoint.pt"),
+        (["--run-dir", str(existing), "--resume"], "--resume: --exp-name is vaco_gsm8k here but None in"),
+        (["--run-dir", str(garbage), "--resume"], "args.json is unreadable"),
         (["--resume"], "--resume needs the --run-dir"),
         (["--run-dir", str(existing), "--resume", "--overwrite"], "exclude each other"),
         (["--run-dir", str(tmp_path / "new"), "--resume"], "holds no run"),
@@ -539,6 +557,91 @@ def test_existing_run_is_refused_then_overwritten(tiny, tmp_path, capsys):
     expect_usage_error(capsys, lambda: V.train(changed), "--resume: --lag is 1 here but 0 in")
 
 
+def test_resume_whatever_the_folder_is_called(tiny, tmp_path, monkeypatch):
+    """A run resumes from its folder however it is spelled (trailing slash, relative, default runs/ folder) and
+    after the folder was copied elsewhere: the saved args.json does not pin --run-dir."""
+    monkeypatch.chdir(tmp_path)
+    first = tiny_args(tiny, tmp_path, run_dir=None, overwrite=False, checkpoint_every=1)
+    V.train(first)
+    (folder,) = Path("runs").iterdir()  # the default folder, runs/gsm8k__...
+    assert json.loads((folder / "args.json").read_text())["run_dir"] is None
+    resume = dict(resume=True, overwrite=False, checkpoint_every=1)
+    for iterations, spelling in enumerate([str(folder), str(folder) + "/", str(tmp_path / folder)], start=2):
+        history = V.train(dataclasses.replace(first, run_dir=spelling, num_iterations=iterations, **resume))
+        assert len(history["iterations"]) == iterations, spelling
+    shutil.copytree(folder, tmp_path / "moved")
+    history = V.train(dataclasses.replace(first, run_dir="moved", num_iterations=5, **resume))
+    assert len(history["iterations"]) == 5
+    assert torch.load(tmp_path / "moved" / V.CHECKPOINT, weights_only=False)["iteration"] == 5
+
+
+def test_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = str(tmp_path / V.CHECKPOINT)
+    V.save_checkpoint(path, {"iteration": 1})
+    assert not (tmp_path / V.PREVIOUS_CHECKPOINT).exists()
+    V.save_checkpoint(path, {"iteration": 2})
+    V.save_checkpoint(path, {"iteration": 3})
+    real_save = torch.save
+
+    def crash(state, target):  # dies half-way through writing the new checkpoint
+        real_save(state, target)
+        with open(target, "r+b") as handle:
+            handle.truncate(10)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(V.torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        V.save_checkpoint(path, {"iteration": 4})
+    assert torch.load(path, weights_only=False) == {"iteration": 3}
+    assert torch.load(tmp_path / V.PREVIOUS_CHECKPOINT, weights_only=False) == {"iteration": 2}
+
+
+def damage(path: Path, how: str):
+    data = path.read_bytes()
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "garbage":
+        path.write_bytes(bytes(range(256)) * 40)
+    else:  # a whole torch.save file that holds something else
+        torch.save([1, 2, 3], path)
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated", "garbage", "foreign"])
+def test_damaged_checkpoint_one_line_and_the_previous_one_named(tiny, tmp_path, capsys, how):
+    args = tiny_args(tiny, tmp_path, num_iterations=2, checkpoint_every=1)
+    V.train(args)
+    run_dir = Path(args.run_dir)
+    assert torch.load(run_dir / V.PREVIOUS_CHECKPOINT, weights_only=False)["iteration"] == 1
+    damage(run_dir / V.CHECKPOINT, how)
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    resume = dataclasses.replace(args, num_iterations=3, resume=True, overwrite=False)
+    argv = ["--model-id", tiny["llama"], "--data-file", tiny["data"], "--run-dir", args.run_dir, "--resume"]
+    argv += ["--eval-every", "0", "--prompts-per-step", "4", "--micro-batch-size", "32", "--max-new-tokens", "12"]
+    argv += ["--learning-rate", "3e-3"]
+    if how != "foreign":  # caught before anything is made: the zip directory is missing
+        expect_usage_error(capsys, lambda: V.parse_args(argv), "checkpoint.pt is damaged", V.PREVIOUS_CHECKPOINT)
+    expect_usage_error(capsys, lambda: V.train(resume), "checkpoint.pt is damaged", V.PREVIOUS_CHECKPOINT)
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+    shutil.copyfile(run_dir / V.PREVIOUS_CHECKPOINT, run_dir / V.CHECKPOINT)  # the remedy the message gives
+    assert len(V.train(resume)["iterations"]) == 3
+
+
+def test_run_without_checkpoint_restarts_with_resume(tiny, tmp_path, capsys, toy_reward):
+    """A run that stopped before its first checkpoint (args.json, logs, no checkpoint.pt) starts again with
+    --resume, as if new, without --overwrite."""
+    args = tiny_args(tiny, tmp_path, overwrite=False, num_iterations=2)
+    fresh = V.train(dataclasses.replace(args, run_dir=str(tmp_path / "fresh")))
+    V.train(args)
+    os.remove(Path(args.run_dir) / V.CHECKPOINT)
+    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: pass --resume")
+    restarted = V.train(dataclasses.replace(args, resume=True))
+    assert "starting the run again from the beginning" in capsys.readouterr().out
+    assert without_timings(restarted) == without_timings(fresh)
+    assert (Path(args.run_dir) / V.CHECKPOINT).exists()
+
+
 def without_timings(history):
     return {
         part: [{k: v for k, v in r.items() if not k.endswith(("_seconds", "_per_s"))} for r in records]
@@ -555,6 +658,9 @@ def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
     assert without_timings(resumed) == without_timings(whole)
     assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
     saved = [torch.load(tmp_path / name / V.CHECKPOINT, weights_only=False) for name in ("whole", "part")]
+    # The checkpoint format: a resume reads these keys, so a run saved by an earlier revision still continues.
+    fields = "model optimizer policy_buffer data_rng order rng history counters iteration world_size run_name wandb_id"
+    assert set(saved[0]) == set(fields.split()) and saved[0]["counters"].keys() == {"global_step", "tokens_seen"}
     for key, value in saved[0]["model"].items():
         assert torch.equal(value, saved[1]["model"][key]), key
     buffers = [s["policy_buffer"] for s in saved]
@@ -623,6 +729,45 @@ def test_total_steps_fixes_optimizer_steps_across_forward_lags(tiny, tmp_path, t
     for k in (1, 2, 4):
         history = V.train(tiny_args(tiny, tmp_path, forward_lag=k, total_steps=4, num_iterations=99, max_new_tokens=4))
         assert len(history["steps"]) == 4 and len(history["iterations"]) == 4 // k
+
+
+def test_masked_completions_against_a_loop():
+    generator = torch.Generator().manual_seed(0)
+    selected = torch.rand(6, 5, generator=generator) > 0.4
+    selected[2] = False  # a row with no token in the loss
+    dropped = torch.rand(int(selected.sum()), generator=generator) > 0.7
+    flags, position, masked, with_tokens = dropped.tolist(), 0, 0, 0
+    for row in selected.tolist():
+        taken = [flags[position + i] for i in range(sum(row))]
+        position += sum(row)
+        masked += any(taken)
+        with_tokens += bool(taken)
+    assert V.masked_completions(selected, dropped) == (masked, with_tokens)
+    assert 0 < masked < with_tokens < 6
+
+
+def test_filter_completion_fraction_is_logged_and_zero_when_nothing_is_masked(tiny, tmp_path, toy_reward):
+    settings = dict(loss="vaco", forward_lag=2, learning_rate=5e-2, tv_threshold=1e-4, num_iterations=2)
+    steps = V.train(tiny_args(tiny, tmp_path, **settings))["steps"]
+    for step in steps:
+        assert (step["filter_completion_fraction"] > 0) == (step["filter_fraction"] > 0)
+        assert step["filter_fraction"] <= step["filter_completion_fraction"] <= 1
+    assert any(s["filter_fraction"] > 0 for s in steps)
+
+
+def test_at_k1_ppo_clip_and_vaco_are_the_same_run(tiny, tmp_path, toy_reward):
+    """r = 1 exactly at K = 1 (no lag): nothing is clipped or filtered and the updates coincide, which is why
+    tools/gsm8k_forward_lag.py makes that run once for both losses."""
+    runs = {
+        loss: V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / loss), loss=loss, num_iterations=3))
+        for loss in ("ppo-clip", "vaco")
+    }
+    shared = ["reward", "accuracy", "tv_final", "response_length"]
+    assert [[r[k] for k in shared] for r in runs["vaco"]["iterations"]] == [
+        [r[k] for k in shared] for r in runs["ppo-clip"]["iterations"]
+    ]
+    assert [s["policy_loss"] for s in runs["vaco"]["steps"]] == [s["policy_loss"] for s in runs["ppo-clip"]["steps"]]
+    assert runs["vaco"]["iterations"][-1]["tv_final"] > 0  # the policy moved: a real comparison
 
 
 def test_masked_truncated_completions_carry_no_gradient(tiny, tmp_path, toy_reward, monkeypatch):
