@@ -312,7 +312,7 @@ def run_dir_problem(args: Args) -> Optional[str]:
     if args.resume and args.overwrite:
         return "--resume and --overwrite exclude each other"
     if args.resume and not args.run_dir:
-        return "--resume needs the --run-dir of the run to continue"
+        return "--resume needs the --run-dir of the run to continue (a run started without one is in runs/gsm8k__...)"
     if os.path.exists(path) and not os.path.isdir(path):
         return f"--run-dir {path} is a file"
     existing = path

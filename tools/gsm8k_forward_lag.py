@@ -351,7 +351,9 @@ def plot_table(records: dict, path: str):
     axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title="accuracy (mean of seeds)")
     axes[1].axhline(start, color="grey", lw=0.8, label="start")
     axes[1].set(xlabel="forward lag K", ylabel="late accuracy (95% CI)", title="accuracy vs forward lag")
-    axes[2].set(xlabel="forward lag K", ylabel="fraction", title="clipped vs filtered")
+    axes[2].set(xlabel="forward lag K", ylabel="fraction (linear below 0.001)", title="clipped vs filtered")
+    axes[2].set_yscale("symlog", linthresh=1e-3)  # PPO-clip's fractions are 10-100x smaller than VACO's
+    axes[2].set_ylim(bottom=0)  # fractions: a t-interval's lower end below 0 is cut at 0
     axes[3].set(xlabel="forward lag K", ylabel="TV to the behaviour policy", title="final TV after the K steps")
     for axis in axes[1:]:
         axis.set_xscale("log", base=2)

@@ -30,6 +30,7 @@ Usage:
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import os
@@ -111,6 +112,11 @@ def benchmark_patches():
         V.compute_reward, V.save_checkpoint = saved
 
 
+def release_cuda_memory():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def peak_memory_gib(cuda: bool) -> float:
     if cuda:
         return torch.cuda.max_memory_allocated() / 2**30
@@ -123,8 +129,8 @@ def measure(options, model_dir: str, data_file: str, work: str) -> list[dict]:
     with benchmark_patches() as V:
         for index, k in enumerate(options.lags):
             iterations = options.iterations + (1 if index == 0 and cuda else 0)  # one warm-up iteration on a GPU
-            if cuda:
-                torch.cuda.empty_cache()
+            if cuda:  # the previous K's model and optimizer are garbage by now: free them, then count afresh
+                release_cuda_memory()
                 torch.cuda.reset_peak_memory_stats()
             args = train_args(options, model_dir, data_file, os.path.join(work, f"k{k}"), k, iterations)
             log = io.StringIO()
@@ -160,6 +166,8 @@ def measure(options, model_dir: str, data_file: str, work: str) -> list[dict]:
 def torchrun_check(options, model_dir: str, data_file: str, work: str) -> dict:
     """`torchrun --standalone --nproc-per-node 1` of this file's worker: process group, all-reduce, one iteration."""
     backend = "nccl" if options.device != "cpu" else "gloo"
+    if backend == "nccl":  # the worker is another process: hand it the memory this one cached
+        release_cuda_memory()
     settings = dict(vars(options), model_dir=model_dir, data_file=data_file, work=work, backend=backend)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     command += [os.path.abspath(__file__), "--worker", json.dumps(settings)]
@@ -211,8 +219,8 @@ def table(result: dict) -> str:
     for row in result["runs"]:
         lines.append(
             f"| {row['K']} | {row['sequences_per_generation_batch']} | {row['generation_tokens_per_s']:,.0f} | "
-            f"{row['training_tokens_per_s']:,.0f} | {row['iteration_seconds']:.1f} ({row['generation_seconds']:.1f}, "
-            f"{row['training_seconds']:.1f}) | {row['peak_memory_gib']:.2f} ({row['peak_memory_kind']}) |"
+            f"{row['training_tokens_per_s']:,.0f} | {row['iteration_seconds']:.2f} ({row['generation_seconds']:.2f}, "
+            f"{row['training_seconds']:.2f}) | {row['peak_memory_gib']:.2f} ({row['peak_memory_kind']}) |"
         )
     run = result.get("torchrun")
     if run:
