@@ -84,7 +84,7 @@ class Args:
     """uniform: each actor draws a buffer entry uniformly per rollout; fixed (ours): every actor uses the oldest"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
     """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume); auto:
-    EnvPool from 8 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
+    EnvPool from 4 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
     env_threads: int = 0
     """EnvPool worker threads (0: one per CPU core)"""
 
@@ -292,8 +292,8 @@ CHECKS = [
 RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track"}
 RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
 # --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
-# SyncVectorEnv is faster (README, Throughput: Hopper-v5 at CleanRL's shape).
-ENVPOOL_FROM_NUM_ENVS = 8
+# SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
+ENVPOOL_FROM_NUM_ENVS = 4
 # What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
 CHECKPOINT_KEYS = set(
     "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
