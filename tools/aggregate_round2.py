@@ -381,8 +381,8 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
             forest.drop(columns="question"),
             {},
             out / "measures.png",
-            "Round 2's measures: estimate and 95% interval (stratified bootstrap); > 0: VACO "
-            "ahead (D: loses less to the lag; ΔIQM: scores higher; E: δ better than 0.2)",
+            "the questions' measures: estimate and 95% interval (stratified bootstrap); > 0: the first algorithm "
+            "named is ahead (D: loses less to the lag; ΔIQM: scores higher; E: δ better than 0.2)",
             "normalised score",
         )
     return {"answers": answers, "measures": measures, "verdict_md": md, **res}
