@@ -91,7 +91,7 @@ def meaningful_metrics(final, n_tasks):
     return ["iqm", "mean"] + ["median"] * (n_tasks >= 3) + ["optimality_gap"] * bool((final["normalized_score"] >= 1).any())
 
 
-def plot_score_vs_lag(agg, labels, lags, colors, metrics_shown, path, title, ylabel):
+def plot_score_vs_lag(path, title, agg, labels, lags, colors, metrics_shown, ylabel):
     fig, axes = _figure(1, len(metrics_shown), 4.2, 3.6)
     for ax, metric in zip(axes[0], metrics_shown):
         for j, label in enumerate(labels):
@@ -106,9 +106,11 @@ def plot_score_vs_lag(agg, labels, lags, colors, metrics_shown, path, title, yla
     _save(fig, path, title)
 
 
-def plot_forest(table, colors, path, title, xlabel, marked=()):
+def plot_forest(path, title, table, colors, xlabel, marked=()):
     """One row per (algorithm, task or pooled): point and 95% interval; a line at 0. The `marked` algorithms (did
     not learn) are drawn grey and dashed on a hatched band, with the reason above the plot."""
+    if not len(table):
+        return False
     rows = list(table.itertuples())
     fig, axes = _figure(1, 1, 7, 0.35 * len(rows) + 2.0 + 0.3 * bool(marked))
     ax = axes[0][0]
@@ -137,7 +139,7 @@ def plot_forest(table, colors, path, title, xlabel, marked=()):
     _save(fig, path, title)
 
 
-def plot_intervals(agg, labels, lags, colors, metrics_shown, path, title):
+def plot_intervals(path, title, agg, labels, lags, colors, metrics_shown):
     """rliable's interval plot: one row per (algorithm, lag), one panel per metric, one x-range for every panel."""
     from rliable import plot_utils
 
@@ -162,14 +164,16 @@ def plot_intervals(agg, labels, lags, colors, metrics_shown, path, title):
     _save(fig, path, title, tight=False)
 
 
-def plot_iqm_curves(curves, labels, lags, colors, path, title):
+def plot_iqm_curves(path, title, curves, labels, lags, colors):
     """rliable's sample-efficiency curves: the IQM at logged steps with its interval band, one panel per lag."""
     from rliable import plot_utils
 
+    if not len(curves):
+        return False
     fig, axes = _figure(1, len(lags), 3.8, 3.4, sharey=True)
     for ax, lag in zip(axes[0], lags):
         for label in labels:
-            d = curves[(curves.algo == label) & (curves.lag == lag)] if len(curves) else curves
+            d = curves[(curves.algo == label) & (curves.lag == lag)]
             if len(d):
                 plot_utils.plot_sample_efficiency_curve(
                     d.step.to_numpy(),
@@ -193,7 +197,7 @@ def plot_iqm_curves(curves, labels, lags, colors, path, title):
     _save(fig, path, title)
 
 
-def plot_profiles(final, labels, lags, colors, reps, seed, path, title):
+def plot_profiles(path, title, final, labels, lags, colors, reps, seed):
     """rliable's performance profiles (fraction of runs with normalised final score > τ), one panel per lag."""
     from rliable import plot_utils
 
@@ -222,10 +226,12 @@ def plot_profiles(final, labels, lags, colors, reps, seed, path, title):
     _save(fig, path, title)
 
 
-def plot_improvement(poi, colors, path, title):
+def plot_improvement(path, title, poi, colors):
     """rliable's probability-of-improvement plot: P(X > PPO) per algorithm and lag, with its interval."""
     from rliable import plot_utils
 
+    if not len(poi):
+        return False
     fig, axes = _figure(1, 1, 6, 0.35 * len(poi) + 1.5)
     keys = [f"{r.x},{r.y}" for r in poi.itertuples()]
     plot_utils.plot_probability_of_improvement(
@@ -239,7 +245,7 @@ def plot_improvement(poi, colors, path, title):
     _save(fig, path, title)
 
 
-def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_lines):
+def plot_task_curves(path, title, final, runs, labels, lags, colors, max_points, ref_lines):
     """Training return per task (rows) and lag (columns): mean over seeds ± one standard error, at logged steps."""
     tasks = sorted(final["task"].unique())
     fig, axes = _figure(len(tasks), len(lags), 3.6, 2.8, sharey="row")
@@ -263,10 +269,7 @@ def plot_task_curves(final, runs, labels, lags, colors, max_points, path, ref_li
     names = [f"{k} ({'–'.join(map(str, sorted({n[k].min(), n[k].max()})))} runs per cell)" for k in handles]
     fig.tight_layout(rect=(0, 0.035 * ((len(handles) + 2) // 3) / max(1, len(tasks) / 2), 1, 0.95))
     fig.legend(handles.values(), names, loc="lower center", ncol=min(len(handles), 3), fontsize=9, frameon=False)
-    note = " (dotted: random policy)" if ref_lines else ""
-    _save(
-        fig, path, f"Training episodic return per task: mean over seeds ± 1 standard error, at logged steps{note}", tight=False
-    )
+    _save(fig, path, title, tight=False)
 
 
 def _band(ax, delta):
@@ -274,7 +277,7 @@ def _band(ax, delta):
     ax.axhspan(delta / 2 * (1 - TV_TOLERANCE), delta / 2 * (1 + TV_TOLERANCE), color="k", alpha=0.08, lw=0)
 
 
-def plot_tv(per_task, labels, lags, colors, delta, path, title):
+def plot_tv(path, title, per_task, labels, lags, colors, delta):
     """Final TV vs lag per task, mean ± 95% t-interval, with δ/2 and the ±25% band. The runs without a trust region
     (IMPALA, VACO without its filter) get their own row and scale, so that they do not squash the others."""
     if "final_tv_mean" not in per_task or per_task["final_tv_mean"].isna().all():
@@ -300,10 +303,9 @@ def plot_tv(per_task, labels, lags, colors, delta, path, title):
         if c == len(tasks) - 1:
             ax.legend(fontsize=7)
     _save(fig, path, title)
-    return True
 
 
-def plot_deciles(dec, colors, delta, path, title, algo="vaco"):
+def plot_deciles(path, title, dec, colors, delta, algo="vaco"):
     """Post hoc: `algo`'s TV and filter statistics against the training decile, one line per (task, lag), mean ±
     95% t-interval over runs (darker: larger lag); the TV panel shows δ/2 and the ±25% band."""
     from matplotlib.colors import to_rgb
@@ -337,7 +339,6 @@ def plot_deciles(dec, colors, delta, path, title, algo="vaco"):
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     _save(fig, path, title)
-    return True
 
 
 def make_figures(
@@ -351,91 +352,70 @@ def make_figures(
     labels = order_labels(final["algo"].unique())
     colors, main = colors_for(labels), [lab for lab in labels if not is_ablation(lab)] or labels
     lags, n_tasks, delta = sorted(int(k) for k in final["lag"].unique()), final["task"].nunique(), delta_of(final, "vaco")
-    shown = meaningful_metrics(final, n_tasks)
-    caption = f"{SCORE_DEF} ({norm}); {n_tasks} task(s); {boot}"
-    plot_score_vs_lag(
-        agg,
-        main,
-        lags,
-        colors,
-        shown,
-        out / "score_vs_lag.png",
-        "Final score vs lag — " + caption,
-        "normalised score" if ref is not None else "return",
-    )
-    plot_intervals(agg, labels, lags, colors, shown, out / "intervals.png", "Aggregates of the final score — " + caption)
-    plot_profiles(
-        final,
-        labels,
-        lags,
-        colors,
-        curve_reps,
-        seed,
-        out / "performance_profiles.png",
-        f"Performance profiles of the final score ({norm}); rliable, {curve_reps}-resample bootstrap bands",
-    )
-    written = ["score_vs_lag.png", "intervals.png", "performance_profiles.png"]
+    shown, caption = meaningful_metrics(final, n_tasks), f"{SCORE_DEF} ({norm}); {n_tasks} task(s); {boot}"
     dd = deg[deg.measure == "degradation_difference"] if len(deg) else deg
-    if len(dd):
-        plot_forest(
-            dd,
-            colors,
-            out / "degradation.png",
-            f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − "
-            f"(PPO lag {LAG_HI} − PPO lag {LAG_LO}); > 0: X loses less. Filled: pooled over tasks. {SCORE_DEF}; {boot}",
-            "difference in degradation (normalised score)",
-            marked,
-        )
-        written.append("degradation.png")
-    if len(abl):
-        plot_forest(
-            abl,
-            colors,
-            out / "ablation.png",
-            f"Ablation effect at lag {LAG_HI}: ablation − VACO (< 0: the removed part "
-            f"helps). Filled: pooled. {SCORE_DEF}; {boot}",
-            "difference (normalised score)",
-        )
-        written.append("ablation.png")
-    if len(poi):
-        plot_improvement(
-            poi,
-            colors,
-            out / "probability_of_improvement.png",
-            f"Probability of improvement over PPO at the same lag (rliable; {curve_reps} resamples)",
-        )
-        written.append("probability_of_improvement.png")
-    if len(curves):
-        plot_iqm_curves(
-            curves,
-            main,
-            lags,
-            colors,
-            out / "iqm_curves.png",
-            f"IQM normalised training return at logged steps ({norm}); rliable, {curve_reps}-resample intervals",
-        )
-        written.append("iqm_curves.png")
     random_lines = {t: ref.loc[t, "random_return"] for t in final["task"].unique()} if ref is not None else {}
-    plot_task_curves(final, runs, main, lags, colors, curve_points, out / "task_curves.png", random_lines)
-    written.append("task_curves.png")
-    if plot_tv(
-        per_task,
-        labels,
-        lags,
-        colors,
-        delta,
-        out / "final_tv.png",
-        "Final TV after the update, mean over the last 10% of "
-        f"steps, ± 95% t-interval over seeds (dashed: VACO's δ/2; shaded: ±{TV_TOLERANCE:.0%}, the pre-registered band)",
-    ):
-        written.append("final_tv.png")
-    if plot_deciles(
-        dec,
-        colors,
-        delta,
-        out / "deciles.png",
-        "POST HOC (not pre-registered): VACO per training decile, mean ± 95% "
-        f"t-interval over runs (dashed: δ/2, shaded: ±{TV_TOLERANCE:.0%}); decile 10 is the final-score window",
-    ):
-        written.append("deciles.png")
-    return written
+    band = f"±{TV_TOLERANCE:.0%}"
+    figures = [  # (file, function, title, the function's data), in the order of the results page
+        (
+            "score_vs_lag.png",
+            plot_score_vs_lag,
+            "Final score vs lag — " + caption,
+            (agg, main, lags, colors, shown, "normalised score" if ref is not None else "return"),
+        ),
+        ("intervals.png", plot_intervals, "Aggregates of the final score — " + caption, (agg, labels, lags, colors, shown)),
+        (
+            "performance_profiles.png",
+            plot_profiles,
+            f"Performance profiles of the final score ({norm}); rliable, {curve_reps}-resample bootstrap bands",
+            (final, labels, lags, colors, curve_reps, seed),
+        ),
+        (
+            "degradation.png",
+            plot_forest,
+            f"Difference in degradation vs PPO, (X lag {LAG_HI} − X lag {LAG_LO}) − (PPO lag {LAG_HI} − PPO lag {LAG_LO}); "
+            f"> 0: X loses less. Filled: pooled over tasks. {SCORE_DEF}; {boot}",
+            (dd, colors, "difference in degradation (normalised score)", marked),
+        ),
+        (
+            "ablation.png",
+            plot_forest,
+            f"Ablation effect at lag {LAG_HI}: ablation − VACO (< 0: the removed part helps). Filled: pooled. {SCORE_DEF}; {boot}",
+            (abl, colors, "difference (normalised score)"),
+        ),
+        (
+            "probability_of_improvement.png",
+            plot_improvement,
+            f"Probability of improvement over PPO at the same lag (rliable; {curve_reps} resamples)",
+            (poi, colors),
+        ),
+        (
+            "iqm_curves.png",
+            plot_iqm_curves,
+            f"IQM normalised training return at logged steps ({norm}); rliable, {curve_reps}-resample intervals",
+            (curves, main, lags, colors),
+        ),
+        (
+            "task_curves.png",
+            plot_task_curves,
+            "Training episodic return per task: mean over seeds ± 1 standard error, at logged steps"
+            + " (dotted: random policy)" * bool(random_lines),
+            (final, runs, main, lags, colors, curve_points, random_lines),
+        ),
+        (
+            "final_tv.png",
+            plot_tv,
+            "Final TV after the update, mean over the last 10% of steps, ± 95% t-interval over seeds "
+            f"(dashed: VACO's δ/2; shaded: {band}, the pre-registered band)",
+            (per_task, labels, lags, colors, delta),
+        ),
+        (
+            "deciles.png",
+            plot_deciles,
+            "POST HOC (not pre-registered): VACO per training decile, mean ± 95% t-interval over runs "
+            f"(dashed: δ/2, shaded: {band}); decile 10 is the final-score window",
+            (dec, colors, delta),
+        ),
+    ]
+    # A function with nothing to draw (no ablations, no TV logged, ...) returns False and writes no file.
+    return [name for name, plot, title, data in figures if plot(out / name, title, *data) is not False]

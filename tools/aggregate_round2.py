@@ -378,11 +378,11 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
 
         forest = measures[measures.measure.str.startswith(("D(", "D_HC", "ΔIQM", "E("))].rename(columns={"measure": "algo"})
         aggregate_figures.plot_forest(
-            forest.drop(columns="question"),
-            {},
             out / "measures.png",
             "the questions' measures: estimate and 95% interval (stratified bootstrap); > 0: the first algorithm "
             "named is ahead (D: loses less to the lag; ΔIQM: scores higher; E: δ better than 0.2)",
+            forest.drop(columns="question"),
+            {},
             "normalised score",
         )
     return {"answers": answers, "measures": measures, "verdict_md": md, **res}
