@@ -13,6 +13,7 @@ import itertools
 import os
 import shlex
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -28,9 +29,12 @@ TASKS = ("Hopper-v5", "Walker2d-v5")
 SHAPE = "--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform --env-backend gymnasium"
 
 
-def runner(*argv, env=None, cwd=None):
+def runner(*argv, env=None):
+    """The runner in a subprocess, from an empty folder: run folders under ./runs (on a machine that ran the grid)
+    would otherwise count as finished runs and turn dry-run lines into "would skip"."""
     cmd = [sys.executable, str(REPO / "tools" / "run_grid.py"), *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    with tempfile.TemporaryDirectory() as empty:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=empty)
 
 
 def dry_lines(proc) -> list[str]:
@@ -191,8 +195,7 @@ def test_tier5_refused_until_the_calibration_is_complete(tmp_path):
 
 def test_round2_command_lines(tmp_path):
     """The tiers of round 2 as written in docs/evidence_round2.md, in the order they run (calibration incomplete)."""
-    # run from an empty folder: finished run folders under ./runs (a machine that ran the grid) are skipped too
-    proc = runner("--round", "2", "--records", str(tmp_path), "--dry-run", cwd=tmp_path)
+    proc = runner("--round", "2", "--records", str(tmp_path), "--dry-run")
     lines = dry_lines(proc)
     tiers = [x.split("--run-dir runs/tier")[1][0] for x in lines]
     assert tiers == ["4"] * 18 + ["6"] * 40 + ["7"] * 60 + ["8"] * 20
@@ -212,7 +215,7 @@ def test_round2_command_lines(tmp_path):
         got = [int(x.split("--seed ")[1].split()[0]) for x, t in zip(lines, tiers) if t == tier]
         assert got == sorted(got) and set(got) == set(seeds)
     # the first grid's tiers are untouched by round 2: a hand-written line and the count
-    first = dry_lines(runner("--round", "1", "--records", str(tmp_path), "--dry-run", cwd=tmp_path))
+    first = dry_lines(runner("--round", "1", "--records", str(tmp_path), "--dry-run"))
     assert len(first) == 200 and first[0] == expected_line("ppo", "ppo", "Hopper-v5", 1, 0, 1, "")
     assert first == dry_lines(runner("--tier", "1", "2", "3", "--records", str(tmp_path), "--dry-run"))
     for bad in (["--round", "2", "--tier", "4"], ["--round", "3"], ["--round", "2", "--algos", "ppo"]):
