@@ -13,8 +13,8 @@ import itertools
 import os
 import shlex
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
