@@ -9,17 +9,29 @@ PPO (docs/method.md §3.1) corrects nothing for the policy lag: GAE on the lagge
 Usage: python ppo_mujoco.py --env-id Hopper-v5 --lag 4
 """
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while the libraries load ends the run quietly; stop_on_signals takes over later
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import contextlib
 import copy
 import dataclasses
+import errno
+import fcntl
+import hashlib
 import io
+import itertools
 import json
 import os
 import re
 import shutil
-import signal
+import socket
 import sys
+import threading
 import time
+import typing
+import uuid
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -138,8 +150,9 @@ ALGORITHM_CHECKS = [
     (("learning_rate", "clip_coef", "max_grad_norm"), lambda v: 0 < v < float("inf"), "a positive number"),
     (("gamma", "gae_lambda"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("ent_coef", "vf_coef"), lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
-    (("num_minibatches", "update_epochs"), lambda v: v > 0, "> 0"),
-    (("target_kl",), lambda v: v is None or v > 0, "> 0"),
+    (("num_minibatches",), lambda v: v > 0, "> 0"),
+    (("update_epochs",), lambda v: 0 < v <= 1000, "in [1, 1000]"),
+    (("target_kl",), lambda v: v is None or 0 < v < float("inf"), "a positive number"),
 ]
 
 
@@ -279,12 +292,15 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
-# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are
-# what the libraries take (EnvPool's seed and torch's thread count are C ints), not what is useful.
+# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are what the
+# libraries take (EnvPool's seed and torch's thread count are C ints, TensorBoard's step an int64) or where a
+# count stops describing a run that ends (evaluation episodes), not what is useful.
 CHECKS = [
     (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("num_envs", "num_steps", "total_timesteps"), lambda v: v > 0, "> 0"),
-    (("eval_episodes", "checkpoint_every"), lambda v: v >= 0, ">= 0"),
+    (("num_envs", "num_steps"), lambda v: v > 0, "> 0"),
+    (("total_timesteps",), lambda v: 0 < v < 2**63, "in [1, 2**63)"),
+    (("eval_episodes",), lambda v: 0 <= v <= 10_000, "in [0, 10000]"),
+    (("checkpoint_every",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
     (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
 ]
@@ -300,6 +316,19 @@ ENVPOOL_FROM_NUM_ENVS = 4
 CHECKPOINT_KEYS = set(
     "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
 )
+# The run folder (docs/usage.md#the-run-folder). run.json names the script and the format that wrote the run
+# and gives it an id, which each of its checkpoints repeats: a folder holds a run when it has run.json.
+SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
+RUN_FORMAT = 1
+# What a run writes in its folder, besides TensorBoard's events.out.tfevents.*, the model (*.cleanrl_model),
+# videos/ and the temporary *.tmp of each: --overwrite removes these and nothing else.
+RUN_FILES = {"run.json", "args.json", "checkpoint.pt", "checkpoint.prev.pt", "summary.json", "run.lock"}
+# A checkpoint file: a header line of this many bytes (JSON: script, format, run id and the SHA-256 of the
+# rest), then torch.save's bytes.
+CHECKPOINT_HEADER_BYTES = 256
+# The open run.lock of each run folder this process holds: its lock lasts until the file is closed or the
+# process ends, however it ends.
+RUN_LOCKS = {}
 
 
 @dataclass
@@ -321,6 +350,10 @@ class Progress:
     def seconds(self):
         """Wall-clock seconds since the run started, a resumed run's earlier processes included."""
         return time.time() - self.start_time
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint file whose bytes are not what was written: truncated, altered or not a checkpoint."""
 
 
 def env_spaces(env_id, env_backend):
@@ -352,6 +385,8 @@ def check_args(args: Args) -> None:
         for name in names:
             if not rule(getattr(args, name)):
                 raise ValueError(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+    if not re.fullmatch(r"[^/\x00]{1,100}", args.exp_name) or args.exp_name in (".", ".."):
+        raise ValueError(f"--exp-name names files: 1 to 100 characters, not '/', '.' or '..', got {args.exp_name!r}")
     if args.batch_size % args.num_minibatches:
         raise ValueError(f"the batch of {args.batch_size} does not divide into {args.num_minibatches} minibatches")
     if args.norm_adv and args.minibatch_size < 2:
@@ -396,15 +431,111 @@ def check_args(args: Args) -> None:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)")
-    if args.resume and not os.path.exists(f"{args.run_dir}/args.json"):
-        raise ValueError(f"--resume: {args.run_dir} holds no run (no args.json)")
-    if args.run_dir and os.path.exists(f"{args.run_dir}/args.json") and not (args.resume or args.overwrite):
-        raise ValueError(f"{args.run_dir} already holds a run: --resume continues it, --overwrite replaces it")
-    parent = os.path.abspath(args.run_dir or "runs")
+    check_run_dir(args)
+
+
+def written_by_a_run(run_dir, name):
+    """Whether the entry `name` of run_dir is one that a run of this script writes (RUN_FILES and the rest)."""
+    path, name = f"{run_dir}/{name}", name.removesuffix(".tmp")
+    if name == "videos" and os.path.isdir(path) and not os.path.islink(path):
+        return all(re.fullmatch(r"rl-video-[\w-]*\.mp4", video) for video in os.listdir(path))
+    is_file = os.path.isfile(path) and not os.path.islink(path)
+    return is_file and (name in RUN_FILES or name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model"))
+
+
+def read_json(path):
+    """The JSON value in a file; a one-line ValueError if it cannot be read or parsed."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # a JSON or UTF-8 decoding error is a ValueError
+        raise ValueError(f"{path} cannot be read ({e.strerror if isinstance(e, OSError) else str(e)[:100]})")
+
+
+def read_run_record(run_dir):
+    """run_dir's run.json: the script and format that wrote the run, and its id; ValueError if it holds no run
+    of this script and format."""
+    path = f"{run_dir}/run.json"
+    if not os.path.isfile(path):
+        raise ValueError(f"{run_dir} holds no run (no run.json)")
+    record = read_json(path)
+    keys = {"script": str, "format": int, "run_id": str}
+    if not isinstance(record, dict) or not all(type(record.get(key)) is kind for key, kind in keys.items()):
+        raise ValueError(f"{path} is not a run record (script, format and run_id)")
+    if record["script"] != SCRIPT:
+        raise ValueError(f"{run_dir} holds a run of {record['script']}.py, not of {SCRIPT}.py")
+    if record["format"] != RUN_FORMAT:
+        raise ValueError(f"{run_dir} holds a run in format {record['format']}; this version reads format {RUN_FORMAT}")
+    return record
+
+
+def check_run_dir(args):
+    """Raise ValueError if the run folder cannot be used as asked; nothing is written. A new run takes a new or
+    empty folder (one that a stopped start left with only run.lock or *.tmp counts as empty); --resume and
+    --overwrite take a run of this script, and --overwrite one that holds nothing a run does not write."""
+    run_dir = args.run_dir or "runs"
+    parent = os.path.abspath(run_dir)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise ValueError(f"--run-dir {args.run_dir}: {parent} is not a writable folder")
+        raise ValueError(f"--run-dir {run_dir}: {parent} is not a writable folder")
+    if not args.run_dir or not os.path.exists(run_dir):
+        if args.resume:
+            raise ValueError(f"{run_dir} holds no run (no run.json)")
+        return
+    names = sorted(os.listdir(run_dir))
+    if args.resume or "run.json" in names:
+        read_run_record(run_dir)
+    others = [name for name in names if not written_by_a_run(run_dir, name)]
+    listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    if args.resume:
+        return
+    if "run.json" not in names:
+        if all(name == "run.lock" or name.endswith(".tmp") for name in names) and not others:
+            return
+        if others:
+            raise ValueError(f"{run_dir} holds files that are not a run of {SCRIPT}.py ({listed}): choose another --run-dir")
+        raise ValueError(f"{run_dir} holds a run of an earlier version (no run.json): choose another --run-dir")
+    if not args.overwrite:
+        raise ValueError(f"{run_dir} already holds a run: --resume continues it, --overwrite replaces it")
+    if others:
+        raise ValueError(f"{run_dir} holds files that a run does not write ({listed}); --overwrite deletes only a run's")
+
+
+def json_fits(value, kind):
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int)."""
+    origin, options = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return isinstance(value, str) and value in options
+    if origin is typing.Union:
+        return any(json_fits(value, option) for option in options)
+    return type(value) in ((int, float) if kind is float else (kind,))
+
+
+def type_words(kind):
+    """An Args field's type as json_fits reads it, in words."""
+    if typing.get_origin(kind) is Literal:
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is typing.Union:
+        return " or ".join(map(type_words, typing.get_args(kind)))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
+
+
+def read_saved_args(path):
+    """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is missing (the run stopped before writing it): --overwrite starts it afresh")
+    saved = read_json(path)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    kinds = {field.name: field.type for field in dataclasses.fields(Args)}
+    missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
+    if missing or unknown:
+        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
+    for name, kind in kinds.items():
+        if not json_fits(saved[name], kind):
+            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])}")
+    return Args(**saved)
 
 
 def tyro_cli(argv, default=None):
@@ -435,34 +566,62 @@ def choose_backend(args):
     return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
 
 
+def load_checkpoint(path, run_id):
+    """The state in a checkpoint file of the run `run_id`; DamagedCheckpoint if its bytes are not what was
+    written (the SHA-256 in its header), ValueError if it cannot be read or is another script's or run's."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}")
+    try:
+        header = json.loads(data[:CHECKPOINT_HEADER_BYTES])
+        script, run, digest = header["script"], header["run_id"], header["sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise DamagedCheckpoint("no checkpoint header")
+    if script != SCRIPT:
+        raise ValueError(f"{path} is a checkpoint of {script}.py, not of {SCRIPT}.py")
+    if run != run_id:
+        raise ValueError(f"{path} is another run's checkpoint (run {run}; the folder's run is {run_id})")
+    payload = data[CHECKPOINT_HEADER_BYTES:]
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise DamagedCheckpoint("its SHA-256 differs from the one written")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as e:  # the digest matched: only a checkpoint that was wrong when written lands here
+        raise DamagedCheckpoint(type(e).__name__)
+    fields = {field.name for field in dataclasses.fields(Progress)}
+    if not (isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)):
+        raise DamagedCheckpoint("not a checkpoint of this script")
+    if set(state["progress"]) != fields:
+        raise DamagedCheckpoint("not a checkpoint of this script")
+    return state
+
+
 def read_checkpoint(run_dir):
-    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read.
-    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash
-    between save_checkpoint's two renames."""
+    """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read or is not this run's.
+    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash between
+    save_checkpoint's two renames."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
     if not os.path.exists(path):
         if not os.path.exists(previous):
             return None
         path = previous
+    run_id = read_run_record(run_dir)["run_id"]
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, empty, not a torch file: UnpicklingError, RuntimeError, EOFError, ...
-        state = e
-    fields = [field.name for field in dataclasses.fields(Progress)]
-    if isinstance(state, dict) and isinstance(state.get("progress"), (list, tuple)) and len(state["progress"]) == 7:
-        state["progress"] = dict(zip(fields, state["progress"]))  # written before Progress: its fields in order
-    ours = isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)
-    if ours and set(state["progress"]) == set(fields):
-        return state
-    why = type(state).__name__ if isinstance(state, Exception) else "not a checkpoint of this script"
-    hint = "--overwrite starts the run afresh"
-    if path != previous and os.path.exists(previous):
-        hint = "the one before is checkpoint.prev.pt: rename it to checkpoint.pt to resume from there"
-    raise ValueError(f"{path} is damaged ({why}); {hint}")
+        return load_checkpoint(path, run_id)
+    except DamagedCheckpoint as e:
+        hint = "--overwrite starts the run afresh"
+        if path != previous and os.path.exists(previous):
+            with contextlib.suppress(ValueError):
+                load_checkpoint(previous, run_id)
+                hint = f"the one before is intact: `mv {previous} {path}` resumes from there"
+        raise ValueError(f"{path} is damaged ({e}); {hint}")
 
 
 def parse_args(argv=None) -> Args:
-    """tyro CLI plus validation. Bad input prints one `error:` line and exits with code 2."""
+    """tyro CLI plus validation; reads the run folder but writes nothing. Bad input prints one `error:` line and
+    exits with code 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`.
     bool_fields = {f.name for f in dataclasses.fields(Args) if f.type is bool}
@@ -472,14 +631,11 @@ def parse_args(argv=None) -> Args:
             argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
     try:
         args = tyro_cli(argv)
-        saved_args = f"{args.run_dir}/args.json"
-        if args.resume and args.run_dir and os.path.exists(saved_args):
+        if args.resume and args.run_dir and not args.overwrite:
             # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
-            try:
-                with open(saved_args) as f:
-                    saved = dataclasses.replace(Args(**json.load(f)), resume=False, overwrite=False)
-            except (OSError, ValueError, TypeError) as e:
-                raise ValueError(f"{saved_args} cannot be read ({type(e).__name__}: {str(e)[:100]})")
+            read_run_record(args.run_dir)
+            saved = read_saved_args(f"{args.run_dir}/args.json")
+            saved = dataclasses.replace(saved, resume=False, overwrite=False)
             args = tyro_cli(argv, default=saved)
             saved_values = dataclasses.asdict(saved).items()
             changed = [k for k, v in saved_values if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
@@ -491,59 +647,183 @@ def parse_args(argv=None) -> Args:
         if args.resume:
             read_checkpoint(args.run_dir)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(e)
     return args
 
 
-def prepare_run_dir(args, run_name):
-    """Create (or, with --overwrite, recreate) the run folder and write args.json; errors as in parse_args."""
-    run_dir = args.run_dir or f"runs/{run_name}"
+def refuse(message):
+    """Input that cannot run: one `error:` line and exit code 2, with nothing written."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def write_atomically(path, data, previous=None):
+    """`path` holds its old bytes or `data`, never a part of them: written to path.tmp, flushed to disk and
+    renamed (the old file renamed to `previous` first, where given). A failure leaves no .tmp behind."""
     try:
-        if args.overwrite and os.path.exists(f"{run_dir}/args.json"):
-            shutil.rmtree(run_dir)
-        os.makedirs(run_dir, exist_ok=True)
-        with open(f"{run_dir}/args.json", "w") as f:  # the folder it is in, not how it was spelled
-            json.dump(dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))), f, indent=2)
+        with open(f"{path}.tmp", "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
+        if previous and os.path.exists(path):
+            os.replace(path, previous)
+        os.replace(f"{path}.tmp", path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(f"{path}.tmp")
+        raise
+
+
+def write_json(path, value):
+    write_atomically(path, (json.dumps(value, indent=2) + "\n").encode())
+
+
+def quiet_writer_thread(exception):
+    """threading.excepthook: TensorBoard's writer thread keeps a write error for the main thread, which raises it at
+    its next write (under `writing`), and then also raises it itself: that second report would be a traceback."""
+    if not (isinstance(exception.exc_value, OSError) and type(exception.thread).__name__ == "_AsyncWriterThread"):
+        sys.__excepthook__(exception.exc_type, exception.exc_value, exception.exc_traceback)
+
+
+@contextlib.contextmanager
+def writing(path):
+    """A fault while the run writes its folder (disk full, a read-only or vanished folder) ends it with one line and
+    exit code 1; what write_atomically wrote keeps its last whole version."""
+    try:
+        yield
     except OSError as e:
-        print(f"error: cannot write the run folder {run_dir}: {e.strerror}", file=sys.stderr)
-        raise SystemExit(2)
-    print(f"run folder: {run_dir}", flush=True)
-    return run_dir
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}")
+
+
+def lock_run_dir(run_dir):
+    """Take run_dir's lock, run.lock (a POSIX lock: held until the process ends, however it ends, and honoured
+    over NFS). Returns None, or what the lock file says of the process that holds it."""
+    fd = os.open(f"{run_dir}/run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            holder = os.read(fd, 200).decode(errors="replace").strip()
+            os.close(fd)
+            return holder or "a process that has not yet said which"
+        # ENOLCK, EOPNOTSUPP, ...: a file system without locks
+        print(f"warning: {run_dir} cannot be locked ({e.strerror}): make sure no other process uses it", flush=True)
+    with contextlib.suppress(OSError):  # a note for the message above; a full disk is reported where it matters
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+    RUN_LOCKS[run_dir] = fd
+    return None
+
+
+def claim_run_dir(args, run_name):
+    """Create or take the run folder and hold it (lock_run_dir) until the process ends. The default folder is
+    always a new one (runs/{run_name}, -2, -3, ... where the name is taken); a folder that another process
+    holds is refused (ValueError). Returns (run folder, whether this call created it)."""
+    if args.run_dir:
+        created = not os.path.exists(args.run_dir)
+        os.makedirs(args.run_dir, exist_ok=True)
+        holder = lock_run_dir(args.run_dir)
+        if holder:
+            raise ValueError(f"{args.run_dir} is in use by {holder}")
+        return args.run_dir, created
+    for n in itertools.count(1):
+        run_dir = f"runs/{run_name}" + (f"-{n}" if n > 1 else "")
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(run_dir)
+            if not lock_run_dir(run_dir):
+                return run_dir, True
+
+
+def release_run_dir(run_dir, undo=None):
+    """Let the run folder go. `undo` (a start that failed): remove what it wrote, and the folder if it made it."""
+    if undo:
+        for name in ("run.json", "args.json", "run.json.tmp", "args.json.tmp", "run.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{run_dir}/{name}")
+        if undo == "created":
+            with contextlib.suppress(OSError):
+                os.rmdir(run_dir)
+    if run_dir in RUN_LOCKS:
+        os.close(RUN_LOCKS.pop(run_dir))
+
+
+def remove_run_files(run_dir):
+    """--overwrite: delete the run that run_dir holds, file by file; check_run_dir made sure that it holds
+    nothing else. The folder and its lock stay."""
+    for name in os.listdir(run_dir):
+        if name != "run.lock" and written_by_a_run(run_dir, name):
+            if name == "videos":
+                shutil.rmtree(f"{run_dir}/{name}")
+            else:
+                os.remove(f"{run_dir}/{name}")
+
+
+def run_has_finished(run_dir):
+    """Whether the run wrote its summary at the end, not after a signal (tools/run_records.py's rule)."""
+    with contextlib.suppress(ValueError):
+        summary = read_json(f"{run_dir}/summary.json")
+        return isinstance(summary, dict) and summary.get("interrupted") is False
+    return False
 
 
 def start_run(args):
-    """Everything before the envs and the model: the run folder, the checkpoint to resume from (or
-    None), the signal handlers, wandb, TensorBoard, the seeds and the device. Returns (run_dir,
-    checkpoint, stop, writer, rng, device)."""
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = prepare_run_dir(args, run_name)
-    checkpoint = read_checkpoint(run_dir) if args.resume else None
+    """Everything before the envs and the model: the run folder (claimed, then run.json and args.json for a new
+    run), the checkpoint to resume from (or None), the signal handlers, wandb, TensorBoard, the seeds and the
+    device. Returns (run_dir, checkpoint, stop, writer, rng, device). A start that fails after taking the folder
+    leaves it as it found it and exits with code 2."""
+    if args.resume and run_has_finished(args.run_dir):
+        print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
+        sys.exit(0)
+    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    try:
+        run_dir, created = claim_run_dir(args, run_name)
+    except ValueError as e:
+        refuse(e)
+    except OSError as e:
+        refuse(f"cannot write the run folder {args.run_dir or 'runs'}: {e.strerror}")
+    run_name = run_name if args.run_dir else os.path.basename(run_dir)
+    try:
+        check_run_dir(dataclasses.replace(args, run_dir=run_dir))  # again: now no other process can change it
+        checkpoint = read_checkpoint(run_dir) if args.resume else None
+        if args.track:
+            import wandb
+
+            # Patching TensorBoard (rather than sync_tensorboard=True) avoids wandb's 10 s wait at exit offline.
+            wandb.tensorboard.patch(root_logdir=run_dir)
+            try:
+                wandb.init(
+                    project=args.wandb_project_name,
+                    entity=args.wandb_entity,
+                    config=dataclasses.asdict(args),
+                    name=run_name,
+                    save_code=True,
+                    id=None if checkpoint is None else checkpoint["wandb_id"],
+                    resume="allow",
+                )
+            except Exception as e:  # no login, no network, a bad entity: wandb's own error classes
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise ValueError(f"--track: wandb could not start ({why}); run `wandb login` or set WANDB_MODE=offline")
+        if not args.resume:
+            remove_run_files(run_dir)
+            write_json(f"{run_dir}/run.json", {"script": SCRIPT, "format": RUN_FORMAT, "run_id": uuid.uuid4().hex})
+            # the folder it is in, not how it was spelled
+            write_json(f"{run_dir}/args.json", dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))))
+    except (OSError, ValueError) as e:
+        release_run_dir(run_dir, undo=None if args.resume else "created" if created else "files")
+        refuse(e if isinstance(e, ValueError) else f"cannot write the run folder {run_dir}: {e.strerror}")
+    print(f"run folder: {run_dir}", flush=True)
     if args.resume and checkpoint is None:
         print("no checkpoint yet: the run starts afresh with its saved arguments", flush=True)
     stop = stop_on_signals()
-    if args.track:
-        import wandb
-
-        # Patching TensorBoard (rather than sync_tensorboard=True) avoids wandb's 10 s wait at exit offline.
-        wandb.tensorboard.patch(root_logdir=run_dir)
-        wandb_id = None if checkpoint is None else checkpoint["wandb_id"]
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            config=dataclasses.asdict(args),
-            name=run_name,
-            save_code=True,
-            id=wandb_id,
-            resume="allow",
-        )
+    threading.excepthook = quiet_writer_thread
     # On resume, TensorBoard drops what a killed run logged after its last checkpoint (all of it, if it had none).
     purge_step = None
     if args.resume:
         purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
-    writer = SummaryWriter(run_dir, purge_step=purge_step)
-    table = "\n".join(f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    with writing(run_dir):
+        writer = SummaryWriter(run_dir, purge_step=purge_step)
+        table = "\n".join(f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     # TRY NOT TO MODIFY: seeding
     rng = np.random.default_rng(args.seed)
@@ -693,9 +973,9 @@ class EpisodeStats:
 
 
 def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what
-    restore returns besides the progress. Written to a temporary file first; the checkpoint it
-    replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what restore returns
+    besides the progress. Written atomically, under a header with the run's id and the SHA-256 of the rest; the
+    checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
     if args.track:
         import wandb
     next_obs, discounted_return, episode_stats = running
@@ -713,14 +993,19 @@ def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, po
         "progress": {**dataclasses.asdict(progress), "elapsed": progress.seconds()},
         "wandb_id": wandb.run.id if args.track else None,
     }
+    payload = io.BytesIO()
+    torch.save(state, payload)
+    payload = payload.getvalue()
     path = f"{run_dir}/checkpoint.pt"
-    with open(f"{path}.tmp", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
-    if os.path.exists(path):
-        os.replace(path, f"{run_dir}/checkpoint.prev.pt")
-    os.replace(f"{path}.tmp", path)
+    try:
+        run_id = read_run_record(run_dir)["run_id"]
+    except ValueError as e:  # run.json removed or altered while the run was going
+        raise SystemExit(f"error: {e}; no checkpoint can be written")
+    with writing(path):
+        digest = hashlib.sha256(payload).hexdigest()
+        header = json.dumps({"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "sha256": digest})
+        header = header.encode().ljust(CHECKPOINT_HEADER_BYTES - 1) + b"\n"
+        write_atomically(path, header + payload, previous=f"{run_dir}/checkpoint.prev.pt")
 
 
 def restore(args, checkpoint, envs, device, agent, optimizer, policy_buffer, return_rms, rng):
@@ -753,17 +1038,18 @@ def log_iteration(writer, args, progress, episode_stats, scalars):
     """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's
     scalars, the time spent; and its line to stdout."""
     step, finished_returns = progress.global_step, episode_stats.finished_returns
-    if finished_returns:
-        progress.return_history.append((step, float(np.mean(finished_returns))))
-        writer.add_scalar("charts/episodic_return", np.mean(finished_returns), step)
-        writer.add_scalar("charts/episodic_length", np.mean(episode_stats.finished_lengths), step)
-    episode_stats.finished_returns, episode_stats.finished_lengths = [], []
-    for tag, value in scalars.items():
-        writer.add_scalar(tag, value, step)
-    writer.add_scalar("perf/rollout_seconds", progress.rollout_seconds, step)
-    writer.add_scalar("perf/update_seconds", progress.update_seconds, step)
     sps = int(step / progress.seconds())
-    writer.add_scalar("charts/SPS", sps, step)
+    with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
+        if finished_returns:
+            progress.return_history.append((step, float(np.mean(finished_returns))))
+            writer.add_scalar("charts/episodic_return", np.mean(finished_returns), step)
+            writer.add_scalar("charts/episodic_length", np.mean(episode_stats.finished_lengths), step)
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, step)
+        writer.add_scalar("perf/rollout_seconds", progress.rollout_seconds, step)
+        writer.add_scalar("perf/update_seconds", progress.update_seconds, step)
+        writer.add_scalar("charts/SPS", sps, step)
+    episode_stats.finished_returns, episode_stats.finished_lengths = [], []
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
     print(f"{where} | SPS {sps:,} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
@@ -802,16 +1088,19 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
     if args.save_model:
         model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
         obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        model = io.BytesIO()
         torch.save(
-            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)},
-            model_path,
+            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)}, model
         )
+        with writing(model_path):
+            write_atomically(model_path, model.getvalue())
         print(f"model saved to {model_path}")
 
     eval_returns = []
     if args.eval_episodes > 0 and not stop:
         eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
-        writer.add_scalar("eval/episodic_return", np.mean(eval_returns), progress.global_step)
+        with writing(run_dir):
+            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), progress.global_step)
         print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
 
     summary = {
@@ -824,10 +1113,12 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
         "interrupted": bool(stop),
     }
-    with open(f"{run_dir}/summary.json", "w") as f:
-        json.dump(summary, f, indent=2)
+    with writing(run_dir):
+        write_json(f"{run_dir}/summary.json", summary)
+        writer.flush()  # raises what the writer thread could not write; close() would not
+        writer.close()
     envs.close()
-    writer.close()
+    release_run_dir(run_dir)
     if args.track:
         import wandb
 

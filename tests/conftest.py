@@ -1,6 +1,9 @@
 """Shared helpers for the tests: run a script (in a subprocess or in-process) and read what it logged."""
 
+import hashlib
 import importlib
+import io
+import json
 import os
 import runpy
 import signal
@@ -85,3 +88,12 @@ def read_scalars(run_dir):
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def read_checkpoint_file(path):
+    """A MuJoCo script's checkpoint, read as its format says (a 256-byte JSON header line, then torch.save's bytes,
+    whose SHA-256 the header gives), independently of the scripts' own reader."""
+    data = Path(path).read_bytes()
+    header = json.loads(data[:256])
+    assert data[255:256] == b"\n" and hashlib.sha256(data[256:]).hexdigest() == header["sha256"], path
+    return torch.load(io.BytesIO(data[256:]), weights_only=True)

@@ -192,8 +192,13 @@ p.add_argument("--fail", action="store_true")
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--spawn", action="store_true", help="start a grandchild process that outlives a plain kill")
 p.add_argument("--resume", action="store_true")
+p.add_argument("--overwrite", action="store_true")
 args, unknown = p.parse_known_args()
 args.lag_mode = args.lag_mode or "uniform"
+if args.overwrite and os.path.isdir(args.run_dir):  # as the training scripts do: delete only what a run writes
+    for name in os.listdir(args.run_dir):
+        if name in ("args.json", "summary.json", "resumed", "pids.json") or name.startswith("events.out.tfevents."):
+            os.remove(os.path.join(args.run_dir, name))
 if os.path.isdir(args.run_dir) and os.listdir(args.run_dir) and not args.resume:  # as the training scripts do
     sys.exit(f"error: run folder {args.run_dir} is not empty")
 os.makedirs(args.run_dir, exist_ok=True)
@@ -344,8 +349,9 @@ def test_run_grid_resume_unfinished(tmp_path):
     run_runner(argv + ["--", "--fail"])  # record exists: skipped
     (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").unlink()
     (run_dir / "summary.json").unlink()
-    again = run_runner(argv)  # without the flag: deleted and started over
+    again = run_runner(argv)  # without the flag: started over, the script deleting what its run wrote
     assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+    assert "--overwrite" in (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -46,7 +46,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -109,10 +108,9 @@ def train(opts, log=print) -> list[dict]:
                 log(f"[train] {name}: record exists, skipped")
                 continue
             run_dir = Path(opts.runs).resolve() / name
-            if run_dir.exists() and not aggregate.is_finished(run_dir):
-                shutil.rmtree(run_dir)  # an interrupted run starts over
-            if not run_dir.exists():
+            if not aggregate.is_finished(run_dir):
                 cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *train_flags(opts, backend, seed, run_dir)]
+                cmd += ["--overwrite"] if run_dir.exists() else []  # an interrupted run starts over
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
                 log(f"[train] {name}: {' '.join(cmd[1:])}")
                 start = time.time()

@@ -15,10 +15,10 @@ Records and resuming. With `--records DIR` every run that finishes is written at
 `DIR/{run folder name}.json.gz` (per-iteration scalars, summary, arguments: a few KB; format in
 results/records/README.md), and a run whose record exists is skipped. Commit the records as chunks finish:
 the same command on a fresh machine then continues from what the repository holds. Without `--records`,
-finished run folders are skipped. A run folder without a finished summary (a crash, an interrupt) is deleted
-and the run started over, or with `--resume-unfinished` continued from its last checkpoint (the
-script gets `--resume`). `--max-runs N` starts at most N runs; `--time-budget` starts no run that would not
-finish within the budget (judged by the runs finished so far); both leave the rest for the next call.
+finished run folders are skipped. A run folder without a finished summary (a crash, an interrupt) is started
+over with the script's `--overwrite` (which deletes only what a run wrote, and refuses a folder that holds
+anything else), or with `--resume-unfinished` continued from its last checkpoint (the script gets `--resume`).
+`--max-runs N` starts at most N runs; `--time-budget` starts no run that would not finish within the budget (judged by the runs finished so far); both leave the rest for the next call.
 
 Tiers (`--tier`, the evidence grid; every run `--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode
 uniform --env-backend gymnasium`, 500k steps, records in results/records/tier{N}, run folders in runs/tier{N}):
@@ -69,7 +69,6 @@ import argparse
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -577,8 +576,8 @@ def run_grid(opts) -> int:
                 cmd, mode = r.cmd, "w"
                 if r.run_dir.exists() and opts.resume_unfinished:  # continue it from its last checkpoint
                     cmd, mode = r.cmd + ["--resume"], "a"
-                elif r.run_dir.exists():  # an earlier attempt that did not finish: start clean
-                    shutil.rmtree(r.run_dir)
+                elif r.run_dir.exists():  # an earlier attempt that did not finish: the script deletes what it wrote
+                    cmd = r.cmd + ["--overwrite"]
                 r.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 log = open(r.log, mode)
                 log.write("# " + shlex.join(cmd) + "\n")

@@ -1,0 +1,434 @@
+"""The run folder holds the user's data: what the four MuJoCo scripts take, write, delete, refuse and recover there.
+
+Every test runs for each script, so that the shared plumbing cannot hold in one script and not in another."""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, import_script, read_checkpoint_file, run_script
+
+SCRIPTS = existing_scripts()
+NAMES = [param.values[0] for param in SCRIPTS]
+
+
+def refused(module, argv, capsys):
+    """parse_args on argv must exit 2 with one `error:` line: the line, without its prefix."""
+    with pytest.raises(SystemExit) as exc:
+        module.parse_args([str(arg) for arg in argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return err[len("error: ") : -1]
+
+
+def files(folder):
+    """{path relative to folder: bytes} of every file under folder: what a test compares before and after."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def command(script, *args):
+    return [sys.executable, str(ROOT / f"{script}.py"), *map(str, args)]
+
+
+def run_in(cwd, script, *args, env=None):
+    return subprocess.run(
+        command(script, *args), cwd=cwd, env={**SUBPROCESS_ENV, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished tiny run per script (2 iterations, a checkpoint after each), copied by the tests."""
+    folder = tmp_path_factory.mktemp("finished")
+    for script in NAMES:
+        run_script(script, *TINY, "--checkpoint-every", "1", "--run-dir", folder / script)
+    return folder
+
+
+def copy_run(finished, script, to, done=False):
+    """A copy of the script's finished run; with done=False, as if it had stopped after its last checkpoint."""
+    shutil.copytree(finished / script, to)
+    if not done:
+        (to / "summary.json").unlink()
+    return to
+
+
+def edit_header(path, **changes):
+    """Change fields of a checkpoint's header line (the payload and its digest stay)."""
+    data = path.read_bytes()
+    header = json.loads(data[:256]) | changes
+    path.write_bytes(json.dumps(header).encode().ljust(255) + b"\n" + data[256:])
+
+
+# ---------------------------------------------------------------- what --overwrite may delete
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_folder_of_the_users_is_refused_whatever_the_flag(script, tmp_path, capsys):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('mine')\n")
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    before = files(tmp_path)
+    expected = f"holds files that are not a run of {script}.py (code, data.csv): choose another --run-dir"
+    proc = run_in(tmp_path, script, *TINY, "--run-dir", ".", "--overwrite")  # the report's command
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == f"error: . {expected}\n", proc.stderr
+    assert refused(import_script(script), [*TINY, "--run-dir", tmp_path], capsys) == f"{tmp_path} {expected}"
+    assert files(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["code", "data.csv"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_overwrite_of_a_folder_of_runs_deletes_none(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c", "d"):
+        copy_run(finished, script, runs / name, done=True)
+    before = files(runs)
+    message = refused(module, [*TINY, "--run-dir", runs, "--overwrite"], capsys)
+    assert message == f"{runs} holds files that are not a run of {script}.py (a, b, c, ...): choose another --run-dir"
+    assert files(runs) == before
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_overwrite_deletes_what_the_run_wrote_and_nothing_else(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run", done=True)
+    (run / "notes.txt").write_text("mine")
+    before = files(run)
+    message = refused(module, [*TINY, "--run-dir", run, "--overwrite"], capsys)
+    assert message == f"{run} holds files that a run does not write (notes.txt); --overwrite deletes only a run's"
+    assert files(run) == before
+    (run / "notes.txt").unlink()
+    old_id = json.loads((run / "run.json").read_text())["run_id"]
+    old_events = {p.name for p in run.glob("events.out.tfevents.*")}
+    run_script(script, *TINY, "--checkpoint-every", "0", "--run-dir", run, "--overwrite")
+    assert json.loads((run / "run.json").read_text())["run_id"] != old_id
+    assert not old_events & {p.name for p in run.glob("events.out.tfevents.*")}
+    assert sorted(p.name for p in run.iterdir() if not p.name.startswith("events.")) == [
+        "args.json",
+        "run.json",
+        "run.lock",
+        "summary.json",
+    ]
+    other = NAMES[(NAMES.index(script) + 1) % len(NAMES)]
+    elsewhere = copy_run(finished, other, tmp_path / "other", done=True)
+    message = refused(module, [*TINY, "--run-dir", elsewhere, "--overwrite"], capsys)
+    assert message == f"{elsewhere} holds a run of {other}.py, not of {script}.py"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_folder_from_an_earlier_version_is_kept(script, finished, tmp_path, capsys):
+    """Runs written before run.json existed (args.json, events, a checkpoint without header) are neither continued nor
+    deleted."""
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    (run / "run.json").unlink()
+    (run / "run.lock").unlink()
+    before = files(run)
+    assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{run} holds no run (no run.json)"
+    for flags in ([], ["--overwrite"]):
+        message = refused(module, [*TINY, "--run-dir", run, *flags], capsys)
+        assert message == f"{run} holds a run of an earlier version (no run.json): choose another --run-dir"
+    assert files(run) == before
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_start_stopped_before_it_wrote_its_arguments(script, tmp_path, capsys):
+    """What a start killed at any moment leaves: only run.lock and *.tmp (taken as empty), or run.json without
+    args.json (refused as a run to continue, replaced by --overwrite)."""
+    module = import_script(script)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.lock").write_text("")
+    (run / "run.json.tmp").write_text("")
+    assert module.parse_args([*TINY, "--run-dir", str(run)]).run_dir == str(run)
+    (run / "run.json").write_text(json.dumps({"script": script, "format": 1, "run_id": "x"}))
+    message = refused(module, [*TINY, "--run-dir", run], capsys)
+    assert message == f"{run} already holds a run: --resume continues it, --overwrite replaces it"
+    message = refused(module, ["--resume", "--run-dir", run], capsys)
+    assert message == f"{run}/args.json is missing (the run stopped before writing it): --overwrite starts it afresh"
+    run_script(script, *TINY, "--run-dir", run, "--overwrite")
+    assert json.loads((run / "summary.json").read_text())["interrupted"] is False
+    assert not list(run.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------- one process per folder
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_default_folders_never_collide(script, tmp_path, monkeypatch):
+    module = import_script(script)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "mine.txt").write_text("mine")
+    args = module.Args()
+    claims = [module.claim_run_dir(args, name) for name in ("same", "same", "same", "taken")]
+    assert claims == [("runs/same", True), ("runs/same-2", True), ("runs/same-3", True), ("runs/taken-2", True)]
+    assert os.listdir("runs/taken") == ["mine.txt"]
+    for run_dir, _ in claims:
+        module.release_run_dir(run_dir)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_runs_started_together_get_their_own_folders(script, tmp_path):
+    """The report's case: two runs without --run-dir started in the same second (most often: the folders are told apart
+    by -2 then; claim_run_dir's test above shows it for certain)."""
+    procs = [
+        subprocess.Popen(command(script, *TINY, "--lag", lag), cwd=tmp_path, env=SUBPROCESS_ENV, stdout=subprocess.PIPE)
+        for lag in (0, 4)
+    ]
+    assert [proc.wait(timeout=300) for proc in procs] == [0, 0]
+    folders = sorted((tmp_path / "runs").iterdir())
+    assert len(folders) == 2
+    assert sorted(json.loads((f / "args.json").read_text())["lag"] for f in folders) == [0, 4]
+    assert [len(list(f.glob("events.out.tfevents.*"))) for f in folders] == [1, 1]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_folder_in_use_is_refused_at_once_and_freed_by_any_end(script, tmp_path):
+    run = tmp_path / "run"
+    first = subprocess.Popen(
+        command(script, *TINY, "--total-timesteps", 10**7, "--checkpoint-every", "1", "--run-dir", run),
+        env=SUBPROCESS_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in first.stdout:
+            if line.startswith("[2/"):  # a checkpoint exists: the folder holds a run that could be resumed
+                break
+        for flags in (["--resume"], [*TINY, "--overwrite"]):
+            begin = time.time()
+            second = run_in(tmp_path, script, *flags, "--run-dir", run)
+            assert second.returncode == 2 and time.time() - begin < 60, second.stderr
+            holder = f"process {first.pid} on {socket.gethostname()}"
+            assert second.stderr == f"error: {run} is in use by {holder}\n"
+        assert first.poll() is None  # the first run goes on, its files in place
+        assert (run / "checkpoint.pt").exists() and (run / "args.json").exists()
+    finally:
+        first.kill()  # SIGKILL: the lock ends with the process all the same
+        first.wait()
+    module = import_script(script)
+    assert module.lock_run_dir(str(run)) is None
+    module.release_run_dir(str(run))
+
+
+# ---------------------------------------------------------------- resume trusts nothing it reads
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_refuses_another_scripts_run(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    for other in NAMES:
+        if other != script:
+            run = copy_run(finished, other, tmp_path / other)
+            message = refused(module, ["--resume", "--run-dir", run], capsys)
+            assert message == f"{run} holds a run of {other}.py, not of {script}.py"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_refuses_another_runs_or_scripts_checkpoint(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    edit_header(run / "checkpoint.pt", run_id="0" * 32)  # e.g. a Walker2d run's checkpoint copied into a Hopper run
+    message = refused(module, ["--resume", "--run-dir", run], capsys)
+    assert message == f"{run}/checkpoint.pt is another run's checkpoint (run {'0' * 32}; the folder's run is {run_id})"
+    other = NAMES[(NAMES.index(script) + 1) % len(NAMES)]
+    shutil.copy(finished / other / "checkpoint.pt", run / "checkpoint.pt")
+    edit_header(run / "checkpoint.pt", run_id=run_id)
+    message = refused(module, ["--resume", "--run-dir", run], capsys)
+    assert message == f"{run}/checkpoint.pt is a checkpoint of {other}.py, not of {script}.py"
+
+
+SAVED_ARGS = [  # (change to args.json, the error after `{run}/args.json`)
+    (lambda a: a.pop("lag"), " lacks lag"),
+    (lambda a: a.update(foo=1), " has unknown keys foo"),
+    (lambda a: a.update(num_envs="2"), ': num_envs must be an integer, got "2"'),
+    (lambda a: a.update(gamma="0.99"), ': gamma must be a number, got "0.99"'),
+    (lambda a: a.update(total_timesteps=1280.5), ": total_timesteps must be an integer, got 1280.5"),
+    (lambda a: a.update(anneal_lr="false"), ': anneal_lr must be true or false, got "false"'),
+    (lambda a: a.update(lag=True), ": lag must be an integer, got true"),
+    (lambda a: a.update(lag_mode="bogus"), ': lag_mode must be one of "uniform", "fixed", got "bogus"'),
+    (lambda a: a.update(target_kl="0.1"), ': target_kl must be a number or null, got "0.1"'),
+]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_saved_arguments_are_checked_key_by_key(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    saved = json.loads((run / "args.json").read_text())
+    for change, error in SAVED_ARGS:
+        edited = dict(saved)
+        change(edited)
+        (run / "args.json").write_text(json.dumps(edited))
+        assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{run}/args.json{error}"
+    (run / "args.json").write_text(json.dumps(saved | {"lag": -1}))  # well typed, out of range: the flag's own check
+    assert refused(module, ["--resume", "--run-dir", run], capsys) == "--lag must be in [0, 2**31), got -1"
+    (run / "args.json").write_text("[1, 2]")
+    assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{run}/args.json is not a JSON object"
+    (run / "args.json").write_text(json.dumps(saved))
+    assert module.parse_args(["--resume", "--run-dir", str(run)]).lag == saved["lag"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_damaged_checkpoint_is_found_and_the_intact_one_named(script, finished, tmp_path, capsys):
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    path, previous = run / "checkpoint.pt", run / "checkpoint.prev.pt"
+    good = path.read_bytes()
+    middle = len(good) // 2
+    remedy = f"the one before is intact: `mv {previous} {path}` resumes from there"
+    damages = {  # one byte flipped where torch.load does not look: the payload loads, and would be wrong
+        "flipped": (
+            good[:middle] + bytes([good[middle] ^ 1]) + good[middle + 1 :],
+            "its SHA-256 differs from the one written",
+        ),
+        "truncated": (good[: len(good) // 3], "its SHA-256 differs from the one written"),
+        "empty": (b"", "no checkpoint header"),
+        "garbage": (bytes(range(256)) * 8, "no checkpoint header"),
+    }
+    for data, why in damages.values():
+        path.write_bytes(data)
+        assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{path} is damaged ({why}); {remedy}"
+    previous_bytes = previous.read_bytes()
+    previous.write_bytes(b"")  # both damaged: nothing to advise but starting afresh
+    message = refused(module, ["--resume", "--run-dir", run], capsys)
+    assert message == f"{path} is damaged (no checkpoint header); --overwrite starts the run afresh"
+    previous.write_bytes(previous_bytes)
+    path.unlink()
+    path.mkdir()  # a checkpoint that cannot be read is not called damaged, and no file is to be renamed
+    assert refused(module, ["--resume", "--run-dir", run], capsys) == f"cannot read {path}: Is a directory"
+    path.rmdir()
+    shutil.move(previous, path)  # the remedy of the message above
+    assert read_checkpoint_file(path)["progress"]["iteration"] == 1
+    assert module.parse_args(["--resume", "--run-dir", str(run)]).resume
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_read_checkpoint_takes_the_previous_only_where_the_last_is_missing(script, finished, tmp_path):
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    assert module.read_checkpoint(run)["progress"]["iteration"] == 2
+    (run / "checkpoint.pt").unlink()  # a crash between save_checkpoint's two renames
+    assert module.read_checkpoint(run)["progress"]["iteration"] == 1
+    (run / "checkpoint.prev.pt").unlink()
+    assert module.read_checkpoint(run) is None
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_of_a_finished_run_does_nothing(script, finished, tmp_path):
+    run = copy_run(finished, script, tmp_path / "run", done=True)
+    before = files(run)
+    proc = run_in(tmp_path, script, "--resume", "--run-dir", run)
+    assert proc.returncode == 0 and proc.stdout == f"{run}: the run has finished; nothing to do\n", proc.stderr
+    assert files(run) == before  # no second evaluation, nothing rewritten
+
+
+# ---------------------------------------------------------------- faults
+
+
+def in_small_disk(tmp_path, shell):
+    """Run a shell script with a 4 MB tmpfs mounted at $DISK (a private mount namespace as an unprivileged user's
+    root: nothing outside the test sees it); what it prints is returned. Fails, saying why, where it cannot."""
+    if not shutil.which("unshare"):
+        pytest.fail("the disk-full tests need util-linux's unshare (apt install util-linux)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = f"set -u\nmount -t tmpfs -o size=4m tmpfs {disk} || exit 99\nDISK={disk}\n{shell}"
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 99, f"cannot mount a tmpfs in a user namespace: {proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_disk_full_mid_run_keeps_the_last_checkpoint(script, tmp_path):
+    python, out = f"{sys.executable} {ROOT / script}.py", tmp_path
+    in_small_disk(
+        tmp_path,
+        f"""
+{python} {' '.join(TINY)} --checkpoint-every 1 --run-dir $DISK/run > /dev/null
+rm $DISK/run/summary.json $DISK/run/checkpoint.pt   # as if stopped in its second iteration
+sha256sum < $DISK/run/checkpoint.prev.pt > {out}/before.sha
+dd if=/dev/zero of=$DISK/fill bs=64k 2> /dev/null
+{python} --resume --run-dir $DISK/run > /dev/null 2> {out}/full.err; echo $? > {out}/full.exit
+ls $DISK/run > {out}/full.ls; sha256sum < $DISK/run/checkpoint.prev.pt > {out}/after.sha
+rm $DISK/fill
+{python} --resume --run-dir $DISK/run > /dev/null; echo $? > {out}/freed.exit
+ls $DISK/run > {out}/freed.ls
+""",
+    )
+    read = {name: (out / name).read_text() for name in ("full.err", "full.exit", "full.ls", "freed.exit", "freed.ls")}
+    assert read["full.exit"] == "1\n", read
+    # The first write to fail is TensorBoard's (the run folder is named) or the checkpoint's.
+    assert re.fullmatch(
+        f"error: cannot write {tmp_path}/disk/run(/checkpoint.pt)?: No space left on device\n", read["full.err"]
+    )
+    assert (out / "before.sha").read_text() == (out / "after.sha").read_text()  # the last checkpoint is intact
+    assert ".tmp" not in read["full.ls"] and "checkpoint.pt\n" not in read["full.ls"], read
+    assert read["freed.exit"] == "0\n" and "summary.json" in read["freed.ls"] and ".tmp" not in read["freed.ls"], read
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_disk_full_at_the_start_leaves_nothing(script, tmp_path):
+    python = f"{sys.executable} {ROOT / script}.py {' '.join(TINY)} --run-dir $DISK/run"
+    out = in_small_disk(
+        tmp_path,
+        f"""
+dd if=/dev/zero of=$DISK/fill bs=64k 2> /dev/null
+{python} 2> {tmp_path}/full.err; echo "exit $?"
+ls -a $DISK
+rm $DISK/fill
+{python} > /dev/null; echo "exit $?"
+""",
+    )
+    err = (tmp_path / "full.err").read_text()
+    assert err == f"error: cannot write the run folder {tmp_path}/disk/run: No space left on device\n", err
+    assert out.split() == ["exit", "2", ".", "..", "fill", "exit", "0"], out
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_track_without_a_wandb_login_leaves_the_folder_as_it_was(script, tmp_path):
+    env = {"WANDB_MODE": "online", "HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_DIR": str(tmp_path)}
+    (tmp_path / "empty").mkdir()
+    for run in ("new", "empty"):
+        proc = run_in(tmp_path, script, *TINY, "--track", "--run-dir", tmp_path / run, env=env)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: --track: wandb could not start ("), proc.stderr
+        assert proc.stderr.endswith("; run `wandb login` or set WANDB_MODE=offline\n") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "new").exists() and os.listdir(tmp_path / "empty") == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ctrl_c_while_the_libraries_load_is_quiet(script, tmp_path):
+    proc = subprocess.Popen(command(script, *TINY), cwd=tmp_path, env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # torch, gymnasium and mujoco take seconds to import
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == -signal.SIGINT and proc.stderr.read() == ""
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_checkpoint_format_is_what_the_tests_read(finished):
+    """The header the tests' reader assumes, field by field (read_checkpoint_file checks the digest)."""
+    for script in NAMES:
+        data = (finished / script / "checkpoint.pt").read_bytes()
+        header = json.loads(data[:256])
+        run_id = json.loads((finished / script / "run.json").read_text())["run_id"]
+        assert header == {"script": script, "format": 1, "run_id": run_id, "sha256": hashlib.sha256(data[256:]).hexdigest()}
+        assert read_checkpoint_file(finished / script / "checkpoint.pt")["progress"]["iteration"] == 2
