@@ -39,13 +39,15 @@ disabled; fp32 logits under bf16 autocast; `--lag-mode fixed`.
 Data parallel: under `torchrun --nproc-per-node N` each process generates and trains on 1/N of every
 minibatch's prompts; the token count, D and the statistics are summed over processes and the
 gradients summed, so the update is the single-process one. A run checkpoints to its folder and
-continues with `--resume`; SIGINT and SIGTERM save what was asked and stop.
+continues with `--resume`; SIGINT and SIGTERM save what was asked and stop. The run folder holds only what a run
+writes (run.json names the script and the run), is locked while a process uses it, and is written atomically.
 
 Reading order: the flags and their checks; answer parsing and the reward; GRPO's advantages, the two losses and
 the log-probs; generation; then one iteration's phases (`choose_generator`, `generate_batch`,
 `rewards_and_advantages`, `behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`, sharing a `Run`),
-the run's plumbing (`start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`, `finish`) and last
-`train()`, which calls them in that order.
+the run's plumbing (`claim_run_folder`, `start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`,
+`finish`) and last `train()`, which calls them in that order. The run folder's checks and the checkpoint's format
+follow the flags' checks.
 
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
@@ -54,23 +56,37 @@ Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4 --resume
 """
 
+import signal
+
+# Ctrl-C while the libraries below load (seconds) ends the process quietly, not with a traceback from inside an import;
+# train() installs the run's own handler once the run starts. Only as a script: an importer keeps its handler.
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import collections
 import contextlib
 import copy
 import dataclasses
+import datetime
+import errno
+import fcntl
+import hashlib
 import io
+import itertools
 import json
 import math
 import os
 import random
 import re
-import socket
 import shutil
-import signal
+import socket
+import stat
 import sys
 import tempfile
 import time
+import typing
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -79,6 +95,7 @@ import numpy as np
 import torch
 import transformers
 import tyro
+from huggingface_hub.errors import HFValidationError
 from torch.utils.tensorboard import SummaryWriter
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -87,11 +104,14 @@ transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 huggingface_hub.utils.disable_progress_bars()
 
+RUN_FORMAT = 1  # of run.json and of the checkpoint's header: a resume reads only its own format
+SCRIPT = os.path.splitext(os.path.basename(__file__))[0]  # run.json's "script": whose run a folder holds
+
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the default run folder's name: 1 to 100 characters, no `/`)"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -107,14 +127,16 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     run_dir: Optional[str] = None
-    """folder for TensorBoard logs, args.json and the saved model (None: runs/<run_name>)"""
+    """folder of the run: run.json, args.json, TensorBoard logs, checkpoints, the saved model (None: a new folder
+    runs/gsm8k__<exp_name>__<loss>__<seed>__<time>); a folder holding anything else is refused"""
     save_model: bool = False
     """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
     resume: bool = False
     """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
-    that stopped before its first checkpoint starts again from the beginning)"""
+    that stopped before its first checkpoint starts again from the beginning; a finished one is left as it is)"""
     overwrite: bool = False
-    """if toggled, replace the run already in --run-dir (without it, an existing run is refused)"""
+    """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
+    holding other files is refused); without it, an existing run is refused"""
     checkpoint_every: int = 10
     """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
 
@@ -126,9 +148,10 @@ class Args:
     eval_data_file: Optional[str] = None
     """evaluation prompts, same schema (None: openai/gsm8k test split)"""
     max_new_tokens: int = 400
-    """the most tokens generated per completion (ours)"""
+    """the most tokens generated per completion, at most 131072 (ours)"""
     temperature: float = 1.0
-    """sampling temperature; behaviour and policy log-probs use the same temperature"""
+    """sampling temperature in [0.01, 10] (below, sampling is greedy in all but name; above, close to uniform over the
+    vocabulary); behaviour and policy log-probs use the same temperature"""
     bf16: bool = True
     """bf16 autocast on CUDA (weights stay fp32); CPU always runs fp32"""
     gradient_checkpointing: bool = False
@@ -155,15 +178,20 @@ class Args:
     micro_batch_size: int = 16
     """sequences per forward/backward pass (gradient accumulation); must divide prompts-per-step x G"""
     learning_rate: float = 1e-6
-    """Adam learning rate, constant (paper: 1e-6)"""
+    """Adam learning rate, constant, in [1e-10, 1] (paper: 1e-6; Adam moves each weight by about the rate, and below
+    1e-10 that is under float32's resolution of the weights: nothing would train)"""
     max_grad_norm: float = 1.0
-    """the maximum norm for the gradient clipping (ours)"""
+    """the maximum norm for the gradient clipping, in [1e-6, 1e6] (ours)"""
     clip_low: float = 0.2
-    """PPO-clip lower ratio: r is clipped below at 1 - clip_low (paper: 0.2)"""
+    """PPO-clip lower ratio: r is clipped below at 1 - clip_low, in [1e-4, 1) (paper: 0.2; a narrower clip would act
+    on the rounding noise of r)"""
     clip_high: float = 0.272
-    """PPO-clip higher ratio: r is clipped above at 1 + clip_high (paper: 0.272)"""
+    """PPO-clip higher ratio: r is clipped above at 1 + clip_high, in [1e-4, 100] (paper: 0.272; above 100 it never
+    acts)"""
     tv_threshold: float = 0.05
-    """VACO's TV threshold delta: the filter acts when D > delta/2 (paper: 0.05)"""
+    """VACO's TV threshold delta in [1e-6, 2]: the filter acts when D > delta/2 (paper: 0.05). D estimates a total
+    variation distance, at most 1, so delta = 2 filters only on sampling noise; below 1e-6, delta/2 is under
+    float32's resolution of r - 1 and every step filters"""
     mask_truncated_completions: bool = False
     """if toggled, completions cut at --max-new-tokens (no stop token) get no gradient and do not count in the
     token denominator or D (their rewards still enter the group's advantages, as TRL's option of the same name)"""
@@ -228,8 +256,8 @@ ADV_EPS = 1e-4
 
 
 def fail(message: str):
-    """Bad input: one line on stderr, exit code 2."""
-    print(f"error: {message}", file=sys.stderr)
+    """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
+    print("error: " + " ".join(line.strip() for line in message.strip().splitlines()), file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -248,14 +276,18 @@ def normalise_bool_flags(argv: list[str]) -> list[str]:
 
 
 def looks_like_path(model_id: str) -> bool:
-    """Hub ids are `name` or `org/name`; anything else is meant as a local folder."""
-    return (
-        os.path.isabs(model_id)
-        or model_id.startswith(("./", "../", "~"))
-        or model_id.count("/") > 1
-        or model_id.endswith("/")
-        or os.path.exists(model_id)
-    )
+    """Hub ids are `name` or `org/name` in letters, digits, `-`, `_` and `.`; anything else, or an id whose first part
+    is a folder here (`models/qwen` with a `models/` folder), is meant as a local folder."""
+    try:
+        huggingface_hub.utils.validate_repo_id(model_id)
+    except HFValidationError:
+        return True
+    return os.path.exists(model_id) or ("/" in model_id and os.path.isdir(model_id.split("/")[0]))
+
+
+def main_rank() -> bool:
+    """The process that owns the run folder: the only one under torchrun that checks, claims and writes it."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 # Validation table: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
@@ -275,16 +307,23 @@ RULES = [
         "< 2**31",
     ),
     (
-        ("micro_batch_size", "max_new_tokens", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
+        ("micro_batch_size", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
         lambda v: v < 2**31,
         "< 2**31",
     ),
+    (("max_new_tokens",), lambda v: v <= 2**17, "<= 131072 (longer than the context of the models meant here)"),
+    # Real numbers: NaN fails every comparison; the bounds and their reasons are in the Args docstrings.
+    (("temperature",), lambda v: 0.01 <= v <= 10, "in [0.01, 10]"),
+    (("learning_rate",), lambda v: 1e-10 <= v <= 1, "in [1e-10, 1]"),
+    (("max_grad_norm",), lambda v: 1e-6 <= v <= 1e6, "in [1e-6, 1e6]"),
+    (("clip_low",), lambda v: 1e-4 <= v < 1, "in [1e-4, 1)"),
+    (("clip_high",), lambda v: 1e-4 <= v <= 100, "in [1e-4, 100]"),
+    (("tv_threshold",), lambda v: 1e-6 <= v <= 2, "in [1e-6, 2] (D estimates a total variation, at most 1)"),
     (
-        ("temperature", "learning_rate", "max_grad_norm", "clip_high", "tv_threshold"),
-        lambda v: 0 < v < math.inf,
-        "> 0 and finite",
+        ("exp_name",),
+        lambda v: 1 <= len(v) <= 100 and "/" not in v and "\0" not in v and v not in (".", ".."),
+        "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
-    (("clip_low",), lambda v: 0 < v < 1, "in (0, 1)"),
 ]
 # Flags that may differ between a run and its resumption.
 RESUMABLE = {
@@ -298,88 +337,20 @@ RESUMABLE = {
     "checkpoint_every",
     "save_model",
 }
-CHECKPOINT = "checkpoint.pt"
-PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
+PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
+MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
 
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def run_dir_problem(args: Args) -> Optional[str]:
-    """Why the run folder cannot be used: unwritable, already holding a run, or nothing to resume."""
-    path = args.run_dir or "runs"
-    if args.resume and args.overwrite:
-        return "--resume and --overwrite exclude each other"
-    if args.resume and not args.run_dir:
-        return "--resume needs the --run-dir of the run to continue (a run started without one is in runs/gsm8k__...)"
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"--run-dir {path} is a file"
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(os.path.abspath(existing))
-    if not os.path.isdir(existing):
-        return f"--run-dir {path} is under a file ({existing})"
-    try:  # root ignores permission bits and /proc refuses files: a real probe, removed at once
-        handle, probe = tempfile.mkstemp(dir=existing)
-        os.close(handle)
-        os.remove(probe)
-    except OSError as error:
-        return f"--run-dir {path} is not writable: cannot create a file in {existing} ({error.strerror})"
-    if not args.run_dir or not os.path.isdir(path) or not os.listdir(path):
-        return None if not args.resume else f"--resume: {path} holds no run"
-    saved_args = os.path.join(path, "args.json")
-    if args.resume:
-        if not os.path.isfile(saved_args):
-            return f"--resume: {path} holds no run (no args.json)"
-        try:
-            with open(saved_args) as handle:
-                saved = json.load(handle)
-            if not isinstance(saved, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            return f"--resume: {saved_args} is unreadable ({error})"
-        for name, value in dataclasses.asdict(args).items():
-            if name not in RESUMABLE and saved.get(name) != value:
-                return f"--resume: {flag(name)} is {value} here but {saved.get(name)} in {saved_args}"
-        checkpoint = os.path.join(path, CHECKPOINT)
-        if os.path.exists(checkpoint):
-            return checkpoint_problem(checkpoint)
-        return None
-    if not args.overwrite:
-        return f"--run-dir {path} already holds a run: pass --resume to continue it or --overwrite to replace it"
-    if not os.path.isfile(saved_args):
-        return f"--overwrite: {path} holds files that are not a run (no args.json); not deleting them"
-    return None
-
-
-def checkpoint_problem(path: str) -> Optional[str]:
-    """Why a checkpoint cannot be read (empty, truncated or not a torch.save file), with where the previous one is.
-
-    A cheap check (the zip directory at the end of the file, which a truncated write lacks) before anything is
-    made; the full read in train() reports the same way."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            archive.infolist()
-        return None
-    except (OSError, zipfile.BadZipFile) as error:
-        return damaged(path, error)
-
-
-def damaged(path: str, error: Exception) -> str:
-    reason = str(error).split("\n")[0] or type(error).__name__
-    previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
-    hint = f"; the previous one is {previous}: copy it to {path} to resume from it" if os.path.isfile(previous) else ""
-    return f"--resume: {path} is damaged ({reason}){hint}"
-
-
 def validate(args: Args) -> Optional[str]:
+    """Why the flags cannot run, or None. Read-only: nothing is made or written."""
     for names, rule, meaning in RULES:
         for name in names:
             if not rule(getattr(args, name)):
-                return f"{flag(name)} must be {meaning}, got {getattr(args, name)}"
+                return f"{flag(name)} must be {meaning}, got {getattr(args, name)!r}"
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.seed + world - 1 >= 2**32:
         return f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
@@ -391,17 +362,33 @@ def validate(args: Args) -> Optional[str]:
             f"--micro-batch-size ({args.micro_batch_size}) must divide "
             f"--prompts-per-step x --num-generations{' / processes' if world > 1 else ''} ({sequences})"
         )
+    if args.forward_lag * args.prompts_per_step * args.num_generations > MAX_GENERATION_BATCH:
+        return f"--forward-lag x --prompts-per-step x --num-generations must be <= {MAX_GENERATION_BATCH} sequences"
     if args.total_steps and args.total_steps % args.forward_lag:
         return f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})"
-    for name in ["data_file", "eval_data_file"]:
-        path = getattr(args, name)
-        if path is not None and os.path.isdir(path):
-            return f"{flag(name)} {path} is a directory, not a JSONL file"
-        if path is not None and not os.path.isfile(path):
-            return f"{flag(name)} {path} does not exist"
+    for name in PATH_FLAGS:
+        problem = getattr(args, name) is not None and input_file_problem(getattr(args, name))
+        if problem:
+            return f"{flag(name)} {problem}"
     if looks_like_path(args.model_id) and not os.path.isdir(os.path.expanduser(args.model_id)):
         return f"--model-id {args.model_id}: no such model folder"
-    return run_dir_problem(args)
+    return run_dir_problem(args) if main_rank() else None
+
+
+def input_file_problem(path: str) -> Optional[str]:
+    """Why `path` is not a data file: missing, a folder, or not a regular file (a FIFO, /dev/null: the data is read
+    whole at every start, and a resume reads it again)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as error:
+        return f"{path}: cannot read it ({error.strerror})"
+    if stat.S_ISDIR(mode):
+        return f"{path} is a directory, not a JSONL file"
+    if not stat.S_ISREG(mode):
+        return f"{path} is not a regular file"
+    return None
 
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
@@ -420,6 +407,312 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
     if error:
         fail(error)
     return args
+
+
+# ======================================================================================================================
+# The run folder. A run of this script writes only the entries below into it; run.json makes a folder a run. Every
+# check is read-only and made before anything is written, then again under the folder's lock (claim_run_folder).
+# ======================================================================================================================
+
+RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary.json", "run.lock"
+CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
+OWN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
+EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
+HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
+VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
+
+
+def own_entry(folder: str, name: str) -> bool:
+    """Whether `name` in `folder` is something a run of this script writes: its files, their `.tmp` versions, the
+    TensorBoard files and the model folders. A link never is (it is the user's)."""
+    path = os.path.join(folder, name)
+    if os.path.islink(path):
+        return False
+    if name in OWN_FOLDERS:
+        return os.path.isdir(path)
+    base = name[: -len(".tmp")] if name.endswith(".tmp") else name
+    return not os.path.isdir(path) and (base in OWN_FILES or base.startswith(EVENTS_PREFIX))
+
+
+def leftover(folder: str, name: str) -> bool:
+    """What a start killed before it wrote run.json can leave: the lock and `.tmp` files. A folder holding only these
+    counts as empty."""
+    return own_entry(folder, name) and (name == LOCK_FILE or name.endswith(".tmp"))
+
+
+def listed(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def read_json_object(path: str) -> dict:
+    """The JSON object in `path`; ValueError saying what is wrong with the file."""
+    try:
+        with open(path, "rb") as handle:
+            value = json.loads(handle.read())
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist")
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}")
+    except ValueError as error:  # not UTF-8, not JSON
+        raise ValueError(f"{path} is not JSON ({error})")
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return value
+
+
+def read_run(folder: str) -> dict:
+    """run.json: the script whose run the folder holds, the format and the run's id."""
+    path = os.path.join(folder, RUN_FILE)
+    run = read_json_object(path)
+    if not all(isinstance(run.get(key), str) for key in ("script", "run_id")) or type(run.get("format")) is not int:
+        raise ValueError(f"{path} is not a run description (script, format, run_id)")
+    return run
+
+
+def run_dir_problem(args: Args) -> Optional[str]:
+    """Why the run folder cannot be used: flags that exclude each other, a path that cannot be a writable folder, or
+    what folder_problem finds in it. The default folder is new (made by the claim), so only runs/ is checked."""
+    if args.resume and args.overwrite:
+        return "--resume and --overwrite exclude each other"
+    if args.resume and not args.run_dir:
+        return "--resume needs the --run-dir of the run to continue (a run started without one is in runs/gsm8k__...)"
+    path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{shown} is a file"
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(os.path.abspath(existing))
+    if not os.path.isdir(existing):
+        return f"{shown} is under a file ({existing})"
+    if existing == path and not os.access(path, os.W_OK | os.X_OK):
+        return f"{shown} is not writable"
+    if existing != path:  # root ignores permission bits and /proc refuses files: a real probe, removed at once
+        try:
+            handle, probe = tempfile.mkstemp(dir=existing)
+            os.close(handle)
+            os.remove(probe)
+        except OSError as error:
+            return f"{shown} is not writable: cannot create a file in {existing} ({error.strerror})"
+    return folder_problem(args, args.run_dir) if args.run_dir else None
+
+
+def folder_problem(args: Args, folder: str) -> Optional[str]:
+    """Why `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite a run of this
+    script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
+    if args.resume:
+        return resume_problem(args, folder)
+    try:
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    except OSError as error:
+        return f"cannot read {folder}: {error.strerror}"
+    content = [name for name in names if not leftover(folder, name)]
+    if not content:
+        return None
+    if RUN_FILE not in content:
+        return f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir"
+    try:
+        script = read_run(folder)["script"]
+    except ValueError as error:
+        return f"{error}; choose another --run-dir"
+    if script != SCRIPT:
+        return f"{folder} holds a run of {script}, not of {SCRIPT}; choose another --run-dir"
+    if not args.overwrite:
+        return f"{folder} already holds a run: --resume continues it, --overwrite replaces it"
+    others = [name for name in content if not own_entry(folder, name)]
+    if others:
+        return f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
+    return None
+
+
+def resume_problem(args: Args, folder: str) -> Optional[str]:
+    """Why the run in `folder` cannot continue with these flags: no run, another script's, another format, an args.json
+    that is not this script's arguments or differs beyond RESUMABLE, or a checkpoint that fails checkpoint_problem."""
+    if not os.path.exists(os.path.join(folder, RUN_FILE)):
+        return f"--resume: {folder} holds no run"
+    saved_args = os.path.join(folder, ARGS_FILE)
+    try:
+        run = read_run(folder)
+        if run["script"] != SCRIPT:
+            return f"--resume: {folder} holds a run of {run['script']}, not of {SCRIPT}"
+        if run["format"] != RUN_FORMAT:
+            return f"--resume: {folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}"
+        saved = read_json_object(saved_args)
+    except ValueError as error:
+        return f"--resume: {error}"
+    problem = saved_args_problem(saved, saved_args)
+    if problem:
+        return f"--resume: {problem}"
+    for name, value in dataclasses.asdict(args).items():
+        if name not in RESUMABLE and saved[name] != stored(name, value):
+            return f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}"
+    return checkpoint_check(folder, run["run_id"])
+
+
+def saved_args_problem(saved: dict, path: str) -> Optional[str]:
+    """Why args.json is not a set of this script's arguments: exactly the fields of Args, each a value of its type."""
+    fields = dataclasses.fields(Args)
+    for field in fields:
+        if field.name not in saved:
+            return f"{path} lacks {field.name}"
+        expected = type_problem(field.type, saved[field.name])
+        if expected:
+            return f"{path}: {field.name} must be {expected}, got {json.dumps(saved[field.name])[:60]}"
+    unknown = sorted(set(saved) - {field.name for field in fields})
+    return f"{path} has an unknown key {unknown[0]}" if unknown else None
+
+
+def type_problem(kind, value) -> Optional[str]:
+    """What a JSON `value` must be to be a value of the annotation `kind` (int, float, bool, str, a Literal, or one of
+    these Optional); None when it is one. JSON's true is not an int here, nor "2" an int."""
+    optional = typing.get_origin(kind) is typing.Union
+    if optional:
+        if value is None:
+            return None
+        (kind,) = [choice for choice in typing.get_args(kind) if choice is not type(None)]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typing.get_origin(kind) is Literal:
+        ok = isinstance(value, str) and value in typing.get_args(kind)
+        expected = "one of " + ", ".join(json.dumps(choice) for choice in typing.get_args(kind))
+    elif kind is bool:
+        ok, expected = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, expected = number and isinstance(value, int), "an int"
+    elif kind is float:
+        ok, expected = number, "a number"
+    else:
+        ok, expected = isinstance(value, str), "a string"
+    return None if ok else expected + (" or null" if optional else "")
+
+
+def stored(name: str, value):
+    """A flag's value as args.json keeps it: the data files and a local model folder as absolute paths, so that a run
+    started with a relative --data-file resumes from any working folder (the flag given then is compared the same
+    way)."""
+    local = name in PATH_FLAGS or name == "model_id" and looks_like_path(value)
+    return os.path.abspath(os.path.expanduser(value)) if local and value is not None else value
+
+
+# ---------------------------------------------------------------- the checkpoint's format
+
+
+class HashingWriter:
+    """What torch.save writes (it needs write() and flush()), hashed on its way into the checkpoint file. Keeps the
+    OSError of a failed write: torch.save then raises its own RuntimeError while it closes the archive."""
+
+    def __init__(self, handle):
+        self.handle, self.sha256, self.error = handle, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self):
+        self.handle.flush()
+
+
+class Payload:
+    """The checkpoint file from its payload on, as a file of its own: torch.load reads the payload in place, once,
+    however large it is."""
+
+    def __init__(self, handle, offset: int):
+        self.handle, self.offset = handle, offset
+        handle.seek(offset)
+
+    def read(self, size: int = -1) -> bytes:
+        return self.handle.read(size)
+
+    def readinto(self, buffer) -> int:
+        return self.handle.readinto(buffer)
+
+    def seek(self, position: int, whence: int = os.SEEK_SET) -> int:
+        return self.handle.seek(position + self.offset if whence == os.SEEK_SET else position, whence) - self.offset
+
+    def tell(self) -> int:
+        return self.handle.tell() - self.offset
+
+
+def checkpoint_header(run_id: str, sha256: str) -> bytes:
+    text = json.dumps({"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "sha256": sha256})
+    return text.encode().ljust(HEADER_SIZE - 1) + b"\n"
+
+
+def read_header(handle) -> dict:
+    """The checkpoint's header line; ValueError where there is none (an empty or cut file, or not a checkpoint)."""
+    line = handle.read(HEADER_SIZE)
+    try:
+        header = json.loads(line) if len(line) == HEADER_SIZE and line.endswith(b"\n") else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or not all(isinstance(header.get(key), str) for key in ("script", "run_id", "sha256")):
+        raise ValueError("no checkpoint header")
+    return header
+
+
+def checkpoint_problem(path: str, run_id: str) -> Optional[str]:
+    """Why the run `run_id` cannot resume from the checkpoint at `path`: unreadable, not this script's, another run's,
+    or damaged (the payload's SHA-256 is not the header's). The payload is hashed in chunks, once per version of the
+    file in this process: a checkpoint can be several GB, and a start checks it before and after its claim."""
+    try:
+        with open(path, "rb") as handle:
+            header = read_header(handle)
+            if header["script"] != SCRIPT:
+                return f"{path} is a checkpoint of {header['script']}, not of {SCRIPT}"
+            if header.get("format") != RUN_FORMAT:
+                return f"{path} is in format {header.get('format')}; this script reads format {RUN_FORMAT}"
+            if header["run_id"] != run_id:
+                return f"{path} belongs to another run (its run_id is {header['run_id']}, run.json's {run_id})"
+            found = os.fstat(handle.fileno())
+            version = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+            if version in VERIFIED:
+                return None
+            digest = hashlib.sha256()
+            while chunk := handle.read(2**24):
+                digest.update(chunk)
+    except ValueError as error:
+        return f"{path} is damaged ({error})"
+    except OSError as error:
+        return f"cannot read {path}: {error.strerror}"
+    if digest.hexdigest() != header["sha256"]:
+        return f"{path} is damaged (digest mismatch)"
+    VERIFIED.add(version)
+    return None
+
+
+def resume_checkpoint(folder: str) -> Optional[str]:
+    """The checkpoint a --resume continues from: checkpoint.pt, or checkpoint.prev.pt where checkpoint.pt is missing
+    (a crash between the two renames of save_checkpoint); None before the run's first checkpoint."""
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return None
+
+
+def checkpoint_check(folder: str, run_id: str) -> Optional[str]:
+    """checkpoint_problem of the checkpoint a resume would read, with the remedy: the previous checkpoint where it is
+    whole, else --overwrite. An unreadable file (permissions) is not damaged: no remedy is offered."""
+    path = resume_checkpoint(folder)
+    problem = path and checkpoint_problem(path, run_id)
+    if not problem:
+        return None
+    previous = os.path.join(folder, PREVIOUS_CHECKPOINT)
+    if problem.startswith("cannot read"):
+        return f"--resume: {problem}"
+    if path != previous and os.path.exists(previous) and checkpoint_problem(previous, run_id) is None:
+        return f"--resume: {problem}; the one before is whole: mv {previous} {path} to resume from it"
+    return f"--resume: {problem}; --overwrite starts the run afresh"
+
+
+def load_checkpoint(path: str) -> dict:
+    """The state a checkpoint holds (checkpoint_problem has checked the file)."""
+    with open(path, "rb") as handle:
+        read_header(handle)
+        return torch.load(Payload(handle, HEADER_SIZE), map_location="cpu", weights_only=False)
 
 
 def read_number(text: str) -> Optional[float]:
@@ -582,7 +875,11 @@ def completion_logprobs(
 def load_jsonl(path: str) -> list[tuple[str, float]]:
     """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
     rows = []
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        fail(f"cannot read {path}: {error.strerror}")
+    with handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -637,19 +934,22 @@ def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
 
 
 def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes; a hub id that cannot load exits 2."""
+    """Model (fp32 weights) and tokenizer through the Auto classes; one that cannot load exits 2, with the library's
+    whole message for a local folder (a missing tokenizer file, a truncated model.safetensors)."""
     local = looks_like_path(model_id)
     source = os.path.expanduser(model_id) if local else model_id
     # With no network, a model already in the hub cache still loads, and no download is attempted.
     local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    part = "tokenizer"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        part = "model"
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
         if local:
-            fail(f"could not load a model from {source}: {error}".splitlines()[0])
+            fail(f"could not load the {part} from {source}: {error}")
         fail(
-            f"could not load '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
+            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
             "with no network, pass a local model folder: --model-id /path/to/model"
         )
     if tokenizer.pad_token_id is None:
@@ -830,6 +1130,7 @@ class Run:
     counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
     first_iteration: int = 1
     wandb_id: Optional[str] = None
+    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
     restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
     writer: Optional[SummaryWriter] = None  # the main process's
     start_time: float = 0.0
@@ -1128,19 +1429,118 @@ def log_iteration(run: Run, iteration: int, rollout: dict, tokens: dict, steps: 
 
 
 # ======================================================================================================================
-# The run's plumbing: set-up, resume, the run folder and its logs, evaluation, checkpoints, the end of the run.
+# The run's plumbing: the run folder's claim, set-up, resume, the run folder's files and logs, evaluation,
+# checkpoints, the end of the run.
 # ======================================================================================================================
 
 
-def start(args: Args) -> Run:
+@dataclass
+class Claim:
+    """The main process's hold on its run folder (locked until the process ends) and what a failed start must undo."""
+
+    run_dir: str
+    run_name: str
+    run_id: str  # run.json's: the resumed run's, or a new one
+    created: bool  # this start made the folder
+    before: set  # the folder's entries when it was claimed
+    written: set = dataclasses.field(default_factory=set)  # run.json and args.json, once this start writes them
+
+
+# The descriptor of the main process's locked run.lock, open while the process lives: closing any descriptor of the
+# file releases the process's lock on it (POSIX), so a later train() in this process on the same folder reuses it.
+HELD_LOCK = {"fd": None}
+
+
+def claim_run_folder(args: Args, run_name: str) -> Claim:
+    """Make and lock the main process's run folder, then check it again under the lock: another process may have
+    started in it since validate. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
+    try:
+        if args.run_dir is None:
+            run_dir, created = claim_default_folder(run_name), True
+            run_name = os.path.basename(run_dir)
+        else:
+            run_dir, created = args.run_dir, not os.path.isdir(args.run_dir)
+            os.makedirs(run_dir, exist_ok=True)
+            holder = lock_folder(run_dir)
+            if holder:
+                fail(f"{run_dir} is in use by another process ({holder})")
+        claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
+    except OSError as error:
+        fail(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
+    problem = folder_problem(args, run_dir)
+    if problem:
+        roll_back(claim)
+        fail(problem)
+    if args.resume:
+        claim.run_id = read_run(run_dir)["run_id"]
+    return claim
+
+
+def claim_default_folder(run_name: str) -> str:
+    """runs/<run_name>, made with os.mkdir, which fails on a folder that exists: two runs started in the same second
+    get two folders (the second one runs/<run_name>-2)."""
+    os.makedirs("runs", exist_ok=True)
+    for number in itertools.count(1):
+        run_dir = os.path.join("runs", run_name if number == 1 else f"{run_name}-{number}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(run_dir)
+            if lock_folder(run_dir) is None:  # else another process took it, with --run-dir
+                return run_dir
+
+
+def lock_folder(run_dir: str) -> Optional[str]:
+    """Lock <run_dir>/run.lock for this process and write who holds it; returns what the file says when another
+    process holds it. Where the file system has no locks, a warning, and the start goes on."""
+    path = os.path.join(run_dir, LOCK_FILE)
+    held = HELD_LOCK["fd"]
+    if held is not None and os.path.exists(path) and os.path.samestat(os.fstat(held), os.stat(path)):
+        return None
+    if held is not None:  # the lock of an earlier run of this process, on another folder
+        os.close(held)
+        HELD_LOCK["fd"] = None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EAGAIN):
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "it wrote nothing yet"
+            os.close(fd)
+            return holder
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(fd)
+            raise
+        print(f"warning: {run_dir}: the file system does not lock files; no other process may use it", file=sys.stderr)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    HELD_LOCK["fd"] = fd
+    return None
+
+
+def remove_entry(path: str):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+def roll_back(claim: Claim):
+    """A start that fails after its claim leaves the folder as it found it: the entries it wrote go (best effort), and
+    the folder too if this start made it and nothing else is in it."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(claim.run_dir):
+            if name != LOCK_FILE and own_entry(claim.run_dir, name) and (name not in claim.before or name in claim.written):
+                remove_entry(os.path.join(claim.run_dir, name))
+    if claim.created:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(claim.run_dir, LOCK_FILE))
+            os.rmdir(claim.run_dir)
+
+
+def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
     """Seeds, the data, the model on its device (and the process group under torchrun), the sampling set-up, the
     optimizer and the policy buffer. Bad data stops the run before any model is loaded."""
-    error = validate(args)
-    if error:
-        fail(error)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
 
     # Each rank samples its own completions; the data order is shared, so ranks split the same prompts.
     random.seed(args.seed + rank)
@@ -1188,8 +1588,9 @@ def start(args: Args) -> Run:
         args=args,
         rank=rank,
         world=world,
-        run_name=run_name,
-        run_dir=args.run_dir or os.path.join("runs", run_name),
+        run_name=claim.run_name if claim else run_name,
+        run_dir=claim.run_dir if claim else args.run_dir or os.path.join("runs", run_name),
+        run_id=claim.run_id if claim else None,
         device=device,
         comm_device=device if world > 1 and device.type == "cuda" else torch.device("cpu"),
         use_bf16=use_bf16,
@@ -1226,21 +1627,27 @@ def snapshot(model) -> dict:
 
 def restore(run: Run):
     """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the last
-    checkpoint. A run that stopped before its first checkpoint starts again from the beginning, same arguments."""
+    checkpoint (checked by validate and again under the claim). A run that stopped before its first checkpoint starts
+    again from the beginning, same arguments. A checkpoint of another model stops here, before anything is written."""
     args = run.args
-    path = os.path.join(run.run_dir, CHECKPOINT)
-    run.restart = args.resume and not os.path.exists(path)
+    path = resume_checkpoint(run.run_dir) if args.resume else None
+    run.restart = args.resume and path is None
     if run.restart and run.main_process:
         print(f"--resume: no {CHECKPOINT} in {run.run_dir}: starting the run again from the beginning", flush=True)
-    if not args.resume or run.restart:
+    if path is None:
         return
+    if path.endswith(PREVIOUS_CHECKPOINT) and run.main_process:
+        print(f"--resume: no {CHECKPOINT} (the run stopped while replacing it): continuing from {path}", flush=True)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_checkpoint(path)
         missing = {"model", "optimizer", "iteration", "world_size", "history", "counters"} - set(state)
         if missing:
             raise ValueError(f"no {', '.join(sorted(missing))}")
-    except Exception as error:  # any unreadable file: unpickling, zip, EOF, a foreign object
-        fail(damaged(path, error))
+    except Exception as error:  # a checkpoint whose digest holds but not its content: another revision's keys
+        fail(f"--resume: {path} is damaged ({str(error).strip() or type(error).__name__})")
+    mismatch = model_mismatch(run.model, state["model"])
+    if mismatch:
+        fail(f"--resume: {path} holds another model than --model-id {args.model_id} ({mismatch})")
     if state["world_size"] != run.world:
         fail(f"--resume: the run used {state['world_size']} processes, this one {run.world}")
     run.model.load_state_dict(state["model"])
@@ -1256,21 +1663,72 @@ def restore(run: Run):
     run.run_name = state["run_name"]
 
 
-def open_run_folder(run: Run):
-    """The main process's run folder (replaced with --overwrite), args.json, wandb, TensorBoard and the memory line."""
+def model_mismatch(model, saved: dict) -> Optional[str]:
+    """The first entry where a checkpoint's model and the loaded one differ in name or shape."""
+    ours = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    theirs = {key: tuple(getattr(value, "shape", ())) for key, value in saved.items()}
+    for key in sorted(ours.keys() | theirs.keys()):
+        if ours.get(key) != theirs.get(key):
+            return f"{key}: {theirs.get(key, 'absent')} in the checkpoint, {ours.get(key, 'absent')} in the model"
+    return None
+
+
+def is_finished(run: Run) -> bool:
+    """--resume of a run that did all its iterations and wrote summary.json: it stays as it is (nothing is evaluated or
+    written again). Without summary.json (killed after its last checkpoint) the run's end is still to do."""
+    done = run.first_iteration - 1
+    if done < run.num_iterations:
+        return False
+    if not os.path.exists(os.path.join(run.run_dir, SUMMARY_FILE)):
+        if run.main_process:
+            print(f"--resume: all {done} iterations are done; writing the run's end", flush=True)
+        return False
+    if run.main_process:
+        print(
+            f"--resume: the run in {run.run_dir} is finished ({done} iterations done, {run.num_iterations} asked): "
+            "nothing to do (a larger --num-iterations or --total-steps continues it)",
+            flush=True,
+        )
+    if run.distributed:
+        torch.distributed.destroy_process_group()
+    return True
+
+
+def open_run_folder(run: Run, claim: Claim):
+    """The main process's start in its claimed folder: wandb first (a failure leaves the folder untouched), then for a
+    fresh start or --overwrite run.json and args.json (a resume keeps the run's own), TensorBoard, the memory line."""
     args, run_dir = run.args, run.run_dir
     if not run.main_process:
         return
-    if args.overwrite and os.path.isdir(run_dir):
-        shutil.rmtree(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    print(f"run folder: {run_dir}", flush=True)
-    with open(os.path.join(run_dir, "args.json"), "w") as handle:
-        json.dump(dataclasses.asdict(args), handle, indent=2)
     if args.track:
-        import wandb
+        start_wandb(run)
+    try:
+        if not args.resume:
+            write_run_files(run, claim)
+        # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
+        purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
+        run.writer = SummaryWriter(run_dir, purge_step=purge_step)
+        if not args.resume or run.restart:
+            run.writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+            )
+        run.writer.flush()  # a full disk shows here, while the start can still be undone
+    except OSError as error:
+        fail(f"cannot write {error.filename or run_dir}: {error.strerror or error}")
+    print(f"run folder: {run_dir}", flush=True)
+    widest = max(len(p) for p in run.train_prompts)
+    sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
+    print(memory_estimate(run.model, args, sequences, widest, run.use_bf16), flush=True)
 
-        wandb.tensorboard.patch(root_logdir=run_dir)
+
+def start_wandb(run: Run):
+    """--track: the wandb run (the same one on a resume). A missing login or network is one line and exit 2."""
+    import wandb
+
+    args = run.args
+    wandb.tensorboard.patch(root_logdir=run.run_dir)
+    try:
         wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
@@ -1280,18 +1738,50 @@ def open_run_folder(run: Run):
             id=run.wandb_id,
             resume="allow" if run.wandb_id else None,
         )
-        run.wandb_id = wandb.run.id
-    # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
-    purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
-    run.writer = SummaryWriter(run_dir, purge_step=purge_step)
-    if not args.resume or run.restart:
-        run.writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-        )
-    widest = max(len(p) for p in run.train_prompts)
-    sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
-    print(memory_estimate(run.model, args, sequences, widest, run.use_bf16), flush=True)
+    except Exception as error:  # wandb's UsageError, CommError, ...: the remedy is the same
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        fail(f"--track: wandb could not start ({reason}); run wandb login or set WANDB_MODE=offline")
+    run.wandb_id = wandb.run.id
+
+
+def write_run_files(run: Run, claim: Claim):
+    """A fresh start's run.json (which makes the folder a run) and args.json; --overwrite first removes the old run's
+    entries (the lock stays: this process holds it)."""
+    args, run_dir = run.args, run.run_dir
+    if args.overwrite:
+        for name in os.listdir(run_dir):
+            if name != LOCK_FILE and own_entry(run_dir, name):
+                remove_entry(os.path.join(run_dir, name))
+    claim.written |= {RUN_FILE, ARGS_FILE}
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run.run_id, "created": created}
+    write_json(os.path.join(run_dir, RUN_FILE), description)
+    write_json(os.path.join(run_dir, ARGS_FILE), {name: stored(name, v) for name, v in dataclasses.asdict(args).items()})
+
+
+def write_file_atomically(path: str, write, previous: Optional[str] = None):
+    """`write(handle)` into path + ".tmp", flushed and fsynced, then renamed over `path`: a reader, or a start after a
+    kill or a full disk, finds the old file or the new one, never a part of one. With `previous`, the file replaced
+    is kept under that name. On any failure the .tmp goes; an OSError names `path`."""
+    temporary = path + ".tmp"
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if previous and os.path.exists(path):
+            os.replace(path, previous)
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, OSError):
+            error.filename = path
+        raise
+
+
+def write_json(path: str, value):
+    write_file_atomically(path, lambda handle: handle.write(json.dumps(value, indent=2).encode() + b"\n"))
 
 
 def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16: bool) -> str:
@@ -1378,24 +1868,30 @@ def write_checkpoint(run: Run, iteration: int):
         "world_size": run.world,
         "run_name": run.run_name,
         "wandb_id": run.wandb_id,
+        "run_id": run.run_id,
     }
     save_checkpoint(os.path.join(run.run_dir, CHECKPOINT), state)
     run.writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, run.counters["global_step"])
 
 
 def save_checkpoint(path: str, state: dict):
-    """Atomic: a reader (or a resume after a kill mid-write) sees the old checkpoint or the new one, and the one
-    before it stays as checkpoint.prev.pt (a hard link: no copy). At every moment `path` is a whole checkpoint."""
-    torch.save(state, path + ".tmp")
-    if os.path.exists(path):
-        previous = os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT)
-        if os.path.exists(previous):
-            os.remove(previous)
+    """Atomic (write_file_atomically), the checkpoint it replaces kept as checkpoint.prev.pt: at every moment one of
+    the two is whole. A header line names the script, the run (state["run_id"]) and the SHA-256 of the torch.save
+    payload after it, so that a resume refuses another run's checkpoint or a damaged one before it loads anything."""
+
+    def write(handle):
+        handle.write(b" " * (HEADER_SIZE - 1) + b"\n")  # the header's place, filled once the digest is known
+        payload = HashingWriter(handle)
         try:
-            os.link(path, previous)
-        except OSError:  # a file system without hard links
-            shutil.copyfile(path, previous)
-    os.replace(path + ".tmp", path)
+            torch.save(state, payload)
+        except Exception:
+            if payload.error:  # a full disk, not torch's "unexpected pos" that follows it
+                raise payload.error
+            raise
+        handle.seek(0)
+        handle.write(checkpoint_header(state["run_id"], payload.sha256.hexdigest()))
+
+    write_file_atomically(path, write, previous=os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT))
 
 
 def rng_state() -> dict:
@@ -1414,12 +1910,26 @@ def set_rng_state(state: dict):
 
 
 def save_model(run: Run):
-    """save_pretrained of the model (with its own generation defaults) and the tokenizer to <run_dir>/model."""
+    """save_pretrained of the model (with its own generation defaults) and the tokenizer to <run_dir>/model, swapped in
+    whole: written to model.tmp, then the old model/ moved to model.old and removed once model.tmp is model/. A failed
+    write (a full disk) removes model.tmp and raises an OSError that names the folder."""
     folder = os.path.join(run.run_dir, "model")
+    fresh, old = folder + ".tmp", folder + ".old"
     run.model.generation_config = run.checkpoint_generation_config
-    run.model.save_pretrained(folder)
-    run.tokenizer.save_pretrained(folder)
-    run.model.generation_config = GenerationConfig(eos_token_id=run.stop_ids, pad_token_id=run.pad_id)
+    try:
+        shutil.rmtree(fresh, ignore_errors=True)
+        run.model.save_pretrained(fresh)
+        run.tokenizer.save_pretrained(fresh)
+    except Exception as error:  # safetensors reports a full disk as its own error type
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise OSError(getattr(error, "errno", None), str(error).strip().splitlines()[0], folder) from error
+    finally:
+        run.model.generation_config = GenerationConfig(eos_token_id=run.stop_ids, pad_token_id=run.pad_id)
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.isdir(folder):
+        os.rename(folder, old)
+    os.rename(fresh, folder)
+    shutil.rmtree(old, ignore_errors=True)
     print(f"model saved to {folder}", flush=True)
 
 
@@ -1441,8 +1951,7 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
             "eval_accuracy": run.history["evals"][-1]["accuracy"] if run.history["evals"] else None,
             "seconds": time.time() - run.start_time,
         }
-        with open(os.path.join(run.run_dir, "summary.json"), "w") as handle:
-            json.dump(summary, handle, indent=2)
+        write_json(os.path.join(run.run_dir, SUMMARY_FILE), summary)
         run.writer.close()
         if args.track:
             import wandb
@@ -1459,13 +1968,10 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
 # ======================================================================================================================
 
 
-def train(args: Args) -> dict:
-    """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
-    run = start(args)
-    restore(run)
-    open_run_folder(run)
+def iterate(run: Run) -> Optional[signal.Signals]:
+    """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
+    args = run.args
     previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    interrupted = None
     run.start_time = time.time()
     try:
         if run.eval_rows and run.main_process and (not args.resume or run.restart):
@@ -1505,6 +2011,7 @@ def train(args: Args) -> dict:
         interrupted = signal.Signals(stop.args[0])
         if run.main_process:
             print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
+        return interrupted
     except FloatingPointError as problem:
         if run.writer:
             run.writer.close()
@@ -1512,7 +2019,31 @@ def train(args: Args) -> dict:
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-    finish(run, interrupted)
+    return None
+
+
+def train(args: Args) -> dict:
+    """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
+    error = validate(args)
+    if error:
+        fail(error)
+    run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
+    claim = claim_run_folder(args, run_name) if main_rank() else None
+    try:  # a start that fails (bad data, a model that does not load, no wandb login, a full disk) undoes its claim
+        run = start(args, claim, run_name)
+        restore(run)
+        if is_finished(run):
+            return run.history
+        open_run_folder(run, claim)
+    except BaseException:
+        if claim:
+            roll_back(claim)
+        raise
+    try:
+        finish(run, iterate(run))
+    except OSError as error:  # a full disk, a read-only or vanished folder: the last checkpoint stays whole
+        print(f"error: cannot write {error.filename or run.run_dir}: {error.strerror or error}", file=sys.stderr)
+        raise SystemExit(1)
     return run.history
 
 

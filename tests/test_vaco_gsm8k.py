@@ -399,11 +399,34 @@ def expect_usage_error(capsys, call, *fragments):
         (["--forward-lag", str(10**20)], "--forward-lag must be < 2**31"),
         (["--total-steps", str(2**40)], "--total-steps must be < 2**31"),
         (["--num-iterations", str(10**20)], "--num-iterations must be < 2**31"),
-        (["--max-new-tokens", str(10**20)], "--max-new-tokens must be < 2**31"),
+        (["--max-new-tokens", str(10**20)], "--max-new-tokens must be <= 131072"),
         (["--torch-threads", str(10**20)], "--torch-threads must be in [1, 4096]"),
+        (["--prompts-per-step", str(2**30), "--micro-batch-size", "8"], "must be <= 1048576 sequences"),
+        # Real numbers that would be taken without meaning: huge, 2**64, subnormal, zero, NaN, infinite.
+        (["--temperature", "1e20"], "--temperature must be in [0.01, 10]"),
+        (["--temperature", "1e-320"], "--temperature must be in [0.01, 10]"),
+        (["--learning-rate", str(2**64)], "--learning-rate must be in [1e-10, 1]"),
+        (["--learning-rate", "1e-320"], "--learning-rate must be in [1e-10, 1]"),
+        (["--learning-rate", "nan"], "--learning-rate must be in [1e-10, 1]"),
+        (["--clip-high", "1e20"], "--clip-high must be in [1e-4, 100]"),
+        (["--clip-high", "1e-320"], "--clip-high must be in [1e-4, 100]"),
+        (["--clip-low", "1e-320"], "--clip-low must be in [1e-4, 1)"),
+        (["--tv-threshold", str(2**64)], "--tv-threshold must be in [1e-6, 2]"),
+        (["--tv-threshold", "1e-320"], "--tv-threshold must be in [1e-6, 2]"),
+        (["--max-grad-norm", "inf"], "--max-grad-norm must be in [1e-6, 1e6]"),
+        # --exp-name names the default run folder.
+        (["--exp-name", ""], "--exp-name must be 1 to 100 characters"),
+        (["--exp-name", "a/b"], "--exp-name must be 1 to 100 characters"),
+        (["--exp-name", ".."], "--exp-name must be 1 to 100 characters"),
+        (["--exp-name", "x" * 101], "--exp-name must be 1 to 100 characters"),
+        # Data files must be regular files; a model path that does not exist is not a hub id.
+        (["--data-file", "/dev/null"], "--data-file /dev/null is not a regular file"),
+        (["--model-id", "tests/no_such_model"], "no such model folder"),  # tests/ exists here: a path
+        (["--model-id", "my model"], "no such model folder"),  # not a hub id
     ],
 )
-def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
+def test_bad_arguments_exit_2_with_one_line(capsys, monkeypatch, argv, fragment):
+    monkeypatch.chdir(ROOT)
     expect_usage_error(capsys, lambda: V.parse_args(argv), fragment)
 
 
@@ -505,25 +528,27 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
 def bad_input_cases(tmp_path, tiny):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    existing = tmp_path / "existing"
+    existing = tmp_path / "existing"  # a run of this script whose args.json is another run's
     existing.mkdir()
-    (existing / "args.json").write_text("{}")
+    (existing / "run.json").write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "0" * 32}))
+    (existing / "args.json").write_text(json.dumps({**dataclasses.asdict(V.Args()), "exp_name": "other"}))
     garbage = tmp_path / "garbage"
     garbage.mkdir()
+    (garbage / "run.json").write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "0" * 32}))
     (garbage / "args.json").write_text("not json")
     return [
         (["--seed", "-1"], "--seed must be in [0, 2**32)"),
-        (["--learning-rate", "nan"], "--learning-rate must be > 0 and finite"),
-        (["--max-grad-norm", "inf"], "--max-grad-norm must be > 0 and finite"),
+        (["--learning-rate", "nan"], "--learning-rate must be in [1e-10, 1]"),
+        (["--max-grad-norm", "inf"], "--max-grad-norm must be in [1e-6, 1e6]"),
         (["--final-tv-fraction", "1.5"], "--final-tv-fraction must be in [0, 1]"),
         (["--total-steps", "5", "--forward-lag", "2"], "--total-steps (5) must be a multiple of --forward-lag (2)"),
         (["--data-file", str(tmp_path)], "is a directory"),
         (["--run-dir", "/proc/x"], "is not writable"),
         (["--run-dir", str(a_file / "sub")], "is under a file"),
         (["--run-dir", str(a_file)], "is a file"),
-        (["--run-dir", str(existing)], "already holds a run: pass --resume"),
-        (["--run-dir", str(existing), "--resume"], "--resume: --exp-name is vaco_gsm8k here but None in"),
-        (["--run-dir", str(garbage), "--resume"], "args.json is unreadable"),
+        (["--run-dir", str(existing)], "already holds a run: --resume continues it, --overwrite replaces it"),
+        (["--run-dir", str(existing), "--resume"], "--resume: --exp-name is vaco_gsm8k here but other in"),
+        (["--run-dir", str(garbage), "--resume"], "args.json is not JSON (Expecting value"),
         (["--resume"], "--resume needs the --run-dir"),
         (["--run-dir", str(existing), "--resume", "--overwrite"], "exclude each other"),
         (["--run-dir", str(tmp_path / "new"), "--resume"], "holds no run"),
@@ -546,13 +571,19 @@ def test_non_utf8_data_stops_before_the_run_folder(tiny, tmp_path, capsys):
 
 
 def test_existing_run_is_refused_then_overwritten(tiny, tmp_path, capsys):
+    """A run is refused without a flag; --overwrite replaces it, but never deletes a file the run did not write."""
     args = tiny_args(tiny, tmp_path, overwrite=False, checkpoint_every=0)
     V.train(args)
-    stale = Path(args.run_dir, "stale.txt")
-    stale.write_text("old")
-    expect_usage_error(capsys, lambda: V.train(args), "already holds a run")
-    V.train(dataclasses.replace(args, overwrite=True))
-    assert not stale.exists() and Path(args.run_dir, "summary.json").exists()
+    run_id = json.loads(Path(args.run_dir, "run.json").read_text())["run_id"]
+    notes = Path(args.run_dir, "notes.txt")
+    notes.write_text("the user's")
+    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: --resume continues it")
+    overwrite = dataclasses.replace(args, overwrite=True)
+    expect_usage_error(capsys, lambda: V.train(overwrite), "--overwrite:", "not part of a run: notes.txt")
+    assert notes.read_text() == "the user's" and Path(args.run_dir, "summary.json").exists()
+    notes.unlink()
+    V.train(overwrite)
+    assert json.loads(Path(args.run_dir, "run.json").read_text())["run_id"] != run_id  # a new run
     changed = dataclasses.replace(args, resume=True, lag=1)
     expect_usage_error(capsys, lambda: V.train(changed), "--resume: --lag is 1 here but 0 in")
 
@@ -572,28 +603,27 @@ def test_resume_whatever_the_folder_is_called(tiny, tmp_path, monkeypatch):
     shutil.copytree(folder, tmp_path / "moved")
     history = V.train(dataclasses.replace(first, run_dir="moved", num_iterations=5, **resume))
     assert len(history["iterations"]) == 5
-    assert torch.load(tmp_path / "moved" / V.CHECKPOINT, weights_only=False)["iteration"] == 5
+    assert V.load_checkpoint(str(tmp_path / "moved" / V.CHECKPOINT))["iteration"] == 5
 
 
 def test_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
     path = str(tmp_path / V.CHECKPOINT)
-    V.save_checkpoint(path, {"iteration": 1})
+    V.save_checkpoint(path, {"iteration": 1, "run_id": "r"})
     assert not (tmp_path / V.PREVIOUS_CHECKPOINT).exists()
-    V.save_checkpoint(path, {"iteration": 2})
-    V.save_checkpoint(path, {"iteration": 3})
-    real_save = torch.save
+    V.save_checkpoint(path, {"iteration": 2, "run_id": "r"})
+    V.save_checkpoint(path, {"iteration": 3, "run_id": "r"})
+    assert V.checkpoint_problem(path, "r") is None and V.checkpoint_problem(path, "another") is not None
 
     def crash(state, target):  # dies half-way through writing the new checkpoint
-        real_save(state, target)
-        with open(target, "r+b") as handle:
-            handle.truncate(10)
+        target.write(b"PK\x03\x04 half a checkpoint")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(V.torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        V.save_checkpoint(path, {"iteration": 4})
-    assert torch.load(path, weights_only=False) == {"iteration": 3}
-    assert torch.load(tmp_path / V.PREVIOUS_CHECKPOINT, weights_only=False) == {"iteration": 2}
+        V.save_checkpoint(path, {"iteration": 4, "run_id": "r"})
+    assert V.load_checkpoint(path) == {"iteration": 3, "run_id": "r"}
+    assert V.load_checkpoint(str(tmp_path / V.PREVIOUS_CHECKPOINT)) == {"iteration": 2, "run_id": "r"}
+    assert sorted(os.listdir(tmp_path)) == sorted([V.CHECKPOINT, V.PREVIOUS_CHECKPOINT])  # no .tmp left
 
 
 def damage(path: Path, how: str):
@@ -604,25 +634,29 @@ def damage(path: Path, how: str):
         path.write_bytes(data[: len(data) // 2])
     elif how == "garbage":
         path.write_bytes(bytes(range(256)) * 40)
-    else:  # a whole torch.save file that holds something else
-        torch.save([1, 2, 3], path)
+    elif how == "flipped":  # one byte of the payload's middle changed: only the digest sees it
+        middle = V.HEADER_SIZE + (len(data) - V.HEADER_SIZE) // 2
+        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :])
+    else:  # a whole torch.save file of this run's state, without the header
+        torch.save(V.load_checkpoint(str(path)), path)
 
 
-@pytest.mark.parametrize("how", ["empty", "truncated", "garbage", "foreign"])
+@pytest.mark.parametrize("how", ["empty", "truncated", "garbage", "flipped", "headerless"])
 def test_damaged_checkpoint_one_line_and_the_previous_one_named(tiny, tmp_path, capsys, how):
     args = tiny_args(tiny, tmp_path, num_iterations=2, checkpoint_every=1)
     V.train(args)
     run_dir = Path(args.run_dir)
-    assert torch.load(run_dir / V.PREVIOUS_CHECKPOINT, weights_only=False)["iteration"] == 1
+    assert V.load_checkpoint(str(run_dir / V.PREVIOUS_CHECKPOINT))["iteration"] == 1
     damage(run_dir / V.CHECKPOINT, how)
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
     resume = dataclasses.replace(args, num_iterations=3, resume=True, overwrite=False)
     argv = ["--model-id", tiny["llama"], "--data-file", tiny["data"], "--run-dir", args.run_dir, "--resume"]
     argv += ["--eval-every", "0", "--prompts-per-step", "4", "--micro-batch-size", "32", "--max-new-tokens", "12"]
     argv += ["--learning-rate", "3e-3"]
-    if how != "foreign":  # caught before anything is made: the zip directory is missing
-        expect_usage_error(capsys, lambda: V.parse_args(argv), "checkpoint.pt is damaged", V.PREVIOUS_CHECKPOINT)
-    expect_usage_error(capsys, lambda: V.train(resume), "checkpoint.pt is damaged", V.PREVIOUS_CHECKPOINT)
+    reason = "digest mismatch" if how in ("truncated", "flipped") else "no checkpoint header"  # a cut payload too
+    remedy = f"the one before is whole: mv {run_dir / V.PREVIOUS_CHECKPOINT} {run_dir / V.CHECKPOINT}"
+    expect_usage_error(capsys, lambda: V.parse_args(argv), f"checkpoint.pt is damaged ({reason})", remedy)
+    expect_usage_error(capsys, lambda: V.train(resume), f"checkpoint.pt is damaged ({reason})", remedy)
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
     shutil.copyfile(run_dir / V.PREVIOUS_CHECKPOINT, run_dir / V.CHECKPOINT)  # the remedy the message gives
     assert len(V.train(resume)["iterations"]) == 3
@@ -635,7 +669,7 @@ def test_run_without_checkpoint_restarts_with_resume(tiny, tmp_path, capsys, toy
     fresh = V.train(dataclasses.replace(args, run_dir=str(tmp_path / "fresh")))
     V.train(args)
     os.remove(Path(args.run_dir) / V.CHECKPOINT)
-    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: pass --resume")
+    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: --resume continues it")
     restarted = V.train(dataclasses.replace(args, resume=True))
     assert "starting the run again from the beginning" in capsys.readouterr().out
     assert without_timings(restarted) == without_timings(fresh)
@@ -657,9 +691,10 @@ def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
     resumed = V.train(dataclasses.replace(part, **settings))
     assert without_timings(resumed) == without_timings(whole)
     assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
-    saved = [torch.load(tmp_path / name / V.CHECKPOINT, weights_only=False) for name in ("whole", "part")]
-    # The checkpoint format: a resume reads these keys, so a run saved by an earlier revision still continues.
+    saved = [V.load_checkpoint(str(tmp_path / name / V.CHECKPOINT)) for name in ("whole", "part")]
+    # The checkpoint format (RUN_FORMAT 1): a resume reads these keys.
     fields = "model optimizer policy_buffer data_rng order rng history counters iteration world_size run_name wandb_id"
+    fields += " run_id"
     assert set(saved[0]) == set(fields.split()) and saved[0]["counters"].keys() == {"global_step", "tokens_seen"}
     for key, value in saved[0]["model"].items():
         assert torch.equal(value, saved[1]["model"][key]), key
