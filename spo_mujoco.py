@@ -6,6 +6,8 @@ arXiv 2603.01365 (2026). CleanRL's continuous-action PPO with the paper's simula
 
 SPO (docs/method.md §3.2): PPO with a quadratic penalty in place of clipping; its optimum is r = 1 + sign(A) eps.
 
+Reading order: the algorithm's functions, then `main` (the training loop), then the run's plumbing.
+
 Usage: python spo_mujoco.py --env-id Hopper-v5 --lag 4
 """
 
@@ -14,38 +16,19 @@ import signal
 if __name__ == "__main__":  # Ctrl-C while the libraries load ends the run quietly; stop_on_signals takes over later
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-import contextlib
 import copy
-import dataclasses
-import errno
-import fcntl
-import hashlib
-import io
-import itertools
-import json
 import os
-import re
-import shutil
-import socket
 import sys
-import threading
 import time
-import typing
-import uuid
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import gymnasium as gym
-import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 from torch.distributions.normal import Normal
-from torch.utils.tensorboard import SummaryWriter
 
 # Argument checks cost a measurable share of every acting step; our inputs are always valid.
 Normal.set_default_validate_args(False)
@@ -250,8 +233,9 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
 
 
 def scale_rewards(rewards, dones, discounted_return, return_rms, gamma):
-    """CleanRL's NormalizeReward over a (num_steps, num_envs) rollout: divide each step's rewards by the std of the
-    discounted return up to that step. The arithmetic of return_rms.update at every step, in Python floats."""
+    """CleanRL's reward scaling (gymnasium's NormalizeReward), which every script uses and the method does not change:
+    each step's rewards divided by the std of the discounted return up to that step. The arithmetic of
+    return_rms.update at every step, in Python floats: one pass per rollout instead of a tensor op per step."""
     mean, var, count = return_rms.mean.item(), return_rms.var.item(), return_rms.count.item()
     variances = []
     for reward, done in zip(rewards, dones):
@@ -281,12 +265,209 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
 
 
+def main(args):
+    """The training loop: simulated asynchrony (the policy buffer), the rollout, the update of the method, the
+    logs and checkpoints. Everything it calls that is not the algorithm is in the plumbing below."""
+    run_dir, checkpoint, stop, writer, rng, device = start_run(args)
+    envs = make_envs(args, run_dir)
+    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+
+    agent = Agent(obs_dim, act_dim).to(device)
+    # The fused kernel does the same Adam step in one pass: about 20% of a small minibatch update on CPU.
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # The policy buffer of simulated asynchrony: the lag+1 most recent policies, the current one included.
+    policy_buffer = deque(maxlen=args.lag + 1)
+    # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
+    return_rms = RunningMeanStd().to(device)
+
+    # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
+    action_means = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # What the envs return is collected in numpy and goes to torch once per rollout.
+    env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+    env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
+
+    learner = Learner(agent, optimizer, policy_buffer, return_rms, rng)
+    progress, next_obs, discounted_return, episode_stats = restore(args, checkpoint, envs, device, learner)
+
+    # The method's symbols (docs/method.md §1) and their names here: beta, the behaviour policy, is `logprobs`
+    # (log beta(a|s) of the actor's snapshot); pi_T, the learner before the update, `start_logprobs`; pi_theta, the
+    # learner during it, `newlogprob`; r = pi_theta / beta, `ratio`; A, `advantages`; V(s) and V(s'), `values` and
+    # `next_values`.
+    for iteration in range(progress.iteration + 1, args.num_iterations + 1):
+        progress.iteration = iteration
+        if args.anneal_lr:  # Annealing the rate if instructed to do so.
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Simulated asynchrony: the learner's policy joins the buffer, then each actor draws the entry it
+        # acts with for this whole rollout. Actors that drew the same entry act as one batch.
+        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
+        staleness = draw_staleness(len(policy_buffer), args.num_envs, args.lag_mode, rng)
+        actor_groups = [
+            (policy_buffer[-1 - k], torch.as_tensor(np.flatnonzero(staleness == k), device=device))
+            for k in np.unique(staleness)
+        ]
+        if len(actor_groups) == 1:  # one policy for all actors: a slice is cheaper than an index list
+            actor_groups = [(actor_groups[0][0], slice(None))]
+
+        rollout_start = time.time()
+        for step in range(0, args.num_steps):
+            progress.global_step += args.num_envs
+            obs[step] = next_obs
+
+            # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
+            with torch.inference_mode():
+                for actor, env_idx in actor_groups:
+                    action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
+
+            # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
+            next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
+                np.clip(actions[step].cpu().numpy(), action_low, action_high)
+            )
+            done = np.logical_or(terminated, truncated)
+            episode_stats.step(reward, done)
+
+            env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
+            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+
+        # log beta(a|s) of each actor's policy, and reward scaling: once per rollout, same arithmetic as per step.
+        for actor, env_idx in actor_groups:
+            dist = Normal(action_means[:, env_idx], actor.actor_logstd.exp())
+            logprobs[:, env_idx] = dist.log_prob(actions[:, env_idx]).sum(-1)
+        rewards, discounted_return = scale_rewards(env_rewards, env_dones, discounted_return, return_rms, args.gamma)
+        rewards, next_obs_buf, terminations, dones = (
+            torch.as_tensor(x, device=device) for x in (rewards, env_next_obs, env_terminations, env_dones)
+        )
+        progress.rollout_seconds += time.time() - rollout_start
+        update_start = time.time()
+
+        # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
+        with torch.no_grad():
+            values = agent.get_value(obs)
+            next_values = agent.get_value(next_obs_buf)
+            # log pi_T(a|s), the learner's policy before the update: pi_T / beta is the backward lag.
+            start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
+            backward_tv = total_variation(start_logprobs - logprobs).item()
+            advantages, returns = compute_gae(rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda)
+
+        b_obs, b_actions = obs.reshape((-1, obs_dim)), actions.reshape((-1, act_dim))  # flatten the batch
+        b_nobs = agent.normalize(b_obs)  # the observation statistics stay fixed until the update's end
+        b_logprobs, b_values = logprobs.reshape(-1), values.reshape(-1)
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+
+        # Optimizing the policy and value network
+        b_inds = np.arange(args.batch_size)
+        ratios = []  # of every minibatch, for the log
+        for epoch in range(args.update_epochs):
+            rng.shuffle(b_inds)
+            # One gather per epoch lays the shuffled minibatches out as contiguous slices.
+            perm = torch.as_tensor(b_inds, device=device)
+            e_nobs, e_actions, e_logprobs, e_advantages, e_returns, e_values = (
+                x[perm] for x in (b_nobs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+            )
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = slice(start, start + args.minibatch_size)
+
+                dist = agent.get_dist(e_nobs[mb], normalized=True)
+                newlogprob = dist.log_prob(e_actions[mb]).sum(1)
+                newvalue = agent.get_value(e_nobs[mb], normalized=True)
+                logratio = newlogprob - e_logprobs[mb]
+                ratio = logratio.exp()
+                ratios.append(ratio.detach())
+
+                mb_advantages = e_advantages[mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                pg_loss = policy_loss(ratio, mb_advantages, args.clip_coef)
+                v_clip = args.clip_coef if args.clip_vloss else None
+                v_loss = value_loss(newvalue, e_values[mb], e_returns[mb], v_clip)
+                # At the default --ent-coef 0 the entropy stays out of the graph (pg_loss - 0.0 is pg_loss).
+                entropy_loss = dist.entropy().sum(1).mean() if args.ent_coef else 0.0
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                if not np.isfinite(loss.item()):
+                    where = f"iteration {iteration} (epoch {epoch + 1})"
+                    sys.exit(f"error: non-finite loss at {where}; stopping (nothing saved)")
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            with torch.no_grad():  # approx_kl of the epoch's last minibatch http://joschu.net/blog/kl-approx.html
+                old_approx_kl = (-logratio).mean()
+                approx_kl = ((ratio - 1) - logratio).mean()
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        with torch.no_grad():
+            entropy_loss = dist.entropy().sum(1).mean()  # logged: the last minibatch's, as when it was in the loss
+            ratio_devs = [(r - 1.0).abs().mean().item() for r in ratios]
+            new_logprobs = agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1)
+            progress.final_tv = total_variation(new_logprobs - b_logprobs).item()
+        # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
+        # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
+        agent.obs_rms.update(b_obs)
+        progress.update_seconds += time.time() - update_start
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "losses/value_loss": v_loss.item(),
+            "losses/policy_loss": pg_loss.item(),
+            "losses/entropy": entropy_loss.item(),
+            "losses/old_approx_kl": old_approx_kl.item(),
+            "losses/approx_kl": approx_kl.item(),
+            "losses/ratio_dev": np.mean(ratio_devs),
+            "losses/explained_variance": explained_var,
+            "lag/staleness_mean": staleness.mean(),
+            "lag/staleness_max": staleness.max(),
+            "lag/backward_tv": backward_tv,
+            "lag/final_tv": progress.final_tv,
+        }
+        log_iteration(writer, args, progress, episode_stats, scalars)
+        if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats)
+        if stop:
+            break
+
+    finish(args, run_dir, writer, envs, agent, progress, stop)
+
+
 # ==================================================================================================
 # The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it).
 # Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
-# evaluation: nothing below is the algorithm, which reads above and in the main block.
+# evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
 
+# The plumbing's own imports: none of them is needed to read the algorithm above.
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import io
+import itertools
+import json
+import re
+import shutil
+import socket
+import threading
+import typing
+import uuid
+import warnings
+
+import gymnasium as gym
+import mujoco
+import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
@@ -348,6 +529,18 @@ class Progress:
     def seconds(self):
         """Wall-clock seconds since the run started, a resumed run's earlier processes included."""
         return time.time() - self.start_time
+
+
+@dataclass
+class Learner:
+    """The learner's state that a checkpoint saves and restore sets, besides the progress, the envs and the episodes
+    in progress (main's `next_obs`, `discounted_return`, `episode_stats`)."""
+
+    agent: nn.Module
+    optimizer: optim.Optimizer
+    policy_buffer: deque  # the lag+1 most recent policies (docs/method.md §2)
+    return_rms: nn.Module  # the reward scaling's statistics
+    rng: np.random.Generator  # the staleness draws and the minibatch shuffles
 
 
 class DamagedCheckpoint(ValueError):
@@ -970,20 +1163,19 @@ class EpisodeStats:
             self.lengths[done] = 0
 
 
-def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt; `running` is what restore returns
-    besides the progress. Written atomically, under a header with the run's id and the SHA-256 of the rest; the
-    checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at any point leaves a readable one."""
+def save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats):
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt. Written atomically, under a header with
+    the run's id and the SHA-256 of the rest; the checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at
+    any point leaves a readable one."""
     if args.track:
         import wandb
-    next_obs, discounted_return, episode_stats = running
     in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
     state = {
-        "agent": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "policy_buffer": [policy.state_dict() for policy in policy_buffer],
-        "return_rms": return_rms.state_dict(),
-        "rng": rng.bit_generator.state,
+        "agent": learner.agent.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "policy_buffer": [policy.state_dict() for policy in learner.policy_buffer],
+        "return_rms": learner.return_rms.state_dict(),
+        "rng": learner.rng.bit_generator.state,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "envs": envs.get_state(),
@@ -1006,21 +1198,21 @@ def save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, po
         write_atomically(path, header + payload, previous=f"{run_dir}/checkpoint.prev.pt")
 
 
-def restore(args, checkpoint, envs, device, agent, optimizer, policy_buffer, return_rms, rng):
+def restore(args, checkpoint, envs, device, learner):
     """Where the run starts: (progress, next_obs, discounted_return, episode_stats) of a fresh run or, with a
-    checkpoint, where it left off; the objects given get their saved states (RNG states last)."""
+    checkpoint, where it left off; the learner's objects get their saved states (RNG states last)."""
     next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
     discounted_return = np.zeros(args.num_envs, dtype=np.float32)
     episode_stats = EpisodeStats(args.num_envs)
     if checkpoint is None:
         return Progress(), next_obs, discounted_return, episode_stats
-    agent.load_state_dict(checkpoint["agent"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    learner.agent.load_state_dict(checkpoint["agent"])
+    learner.optimizer.load_state_dict(checkpoint["optimizer"])
     for policy in checkpoint["policy_buffer"]:
-        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
-        policy_buffer[-1].load_state_dict(policy)
-    return_rms.load_state_dict(checkpoint["return_rms"])
-    rng.bit_generator.state = checkpoint["rng"]
+        learner.policy_buffer.append(copy.deepcopy(learner.agent).requires_grad_(False))
+        learner.policy_buffer[-1].load_state_dict(policy)
+    learner.return_rms.load_state_dict(checkpoint["return_rms"])
+    learner.rng.bit_generator.state = checkpoint["rng"]
     torch.set_rng_state(checkpoint["torch_rng"])
     if checkpoint["cuda_rng"]:
         torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
@@ -1131,173 +1323,4 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    run_dir, checkpoint, stop, writer, rng, device = start_run(args)
-    envs = make_envs(args, run_dir)
-    obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-
-    agent = Agent(obs_dim, act_dim).to(device)
-    # The fused kernel does the same Adam step in one pass: about 20% of a small minibatch update on CPU.
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # The policy buffer of simulated asynchrony: the lag+1 most recent policies, the current one included.
-    policy_buffer = deque(maxlen=args.lag + 1)
-    # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
-    return_rms = RunningMeanStd().to(device)
-
-    # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    action_means = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # What the envs return is collected in numpy and goes to torch once per rollout.
-    env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-    env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
-
-    progress, next_obs, discounted_return, episode_stats = restore(
-        args, checkpoint, envs, device, agent, optimizer, policy_buffer, return_rms, rng
-    )
-
-    for iteration in range(progress.iteration + 1, args.num_iterations + 1):
-        progress.iteration = iteration
-        if args.anneal_lr:  # Annealing the rate if instructed to do so.
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-        # Simulated asynchrony: the learner's policy joins the buffer, then each actor draws the entry it
-        # acts with for this whole rollout. Actors that drew the same entry act as one batch.
-        policy_buffer.append(copy.deepcopy(agent).requires_grad_(False))
-        staleness = draw_staleness(len(policy_buffer), args.num_envs, args.lag_mode, rng)
-        actor_groups = [
-            (policy_buffer[-1 - k], torch.as_tensor(np.flatnonzero(staleness == k), device=device))
-            for k in np.unique(staleness)
-        ]
-        if len(actor_groups) == 1:  # one policy for all actors: a slice is cheaper than an index list
-            actor_groups = [(actor_groups[0][0], slice(None))]
-
-        rollout_start = time.time()
-        for step in range(0, args.num_steps):
-            progress.global_step += args.num_envs
-            obs[step] = next_obs
-
-            # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
-            with torch.inference_mode():
-                for actor, env_idx in actor_groups:
-                    action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
-
-            # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
-            next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
-                np.clip(actions[step].cpu().numpy(), action_low, action_high)
-            )
-            done = np.logical_or(terminated, truncated)
-            episode_stats.step(reward, done)
-
-            env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
-            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-        # log beta(a|s) of each actor's policy, and reward scaling: once per rollout, same arithmetic as per step.
-        for actor, env_idx in actor_groups:
-            dist = Normal(action_means[:, env_idx], actor.actor_logstd.exp())
-            logprobs[:, env_idx] = dist.log_prob(actions[:, env_idx]).sum(-1)
-        rewards, discounted_return = scale_rewards(env_rewards, env_dones, discounted_return, return_rms, args.gamma)
-        rewards, next_obs_buf, terminations, dones = (
-            torch.as_tensor(x, device=device) for x in (rewards, env_next_obs, env_terminations, env_dones)
-        )
-        progress.rollout_seconds += time.time() - rollout_start
-        update_start = time.time()
-
-        # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
-        with torch.no_grad():
-            values = agent.get_value(obs)
-            next_values = agent.get_value(next_obs_buf)
-            # log pi_T(a|s), the learner's policy before the update: pi_T / beta is the backward lag.
-            start_logprobs = agent.get_dist(obs).log_prob(actions).sum(-1)
-            backward_tv = total_variation(start_logprobs - logprobs).item()
-            advantages, returns = compute_gae(rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda)
-
-        b_obs, b_actions = obs.reshape((-1, obs_dim)), actions.reshape((-1, act_dim))  # flatten the batch
-        b_nobs = agent.normalize(b_obs)  # the observation statistics stay fixed until the update's end
-        b_logprobs, b_values = logprobs.reshape(-1), values.reshape(-1)
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-
-        # Optimizing the policy and value network
-        b_inds = np.arange(args.batch_size)
-        ratios = []  # of every minibatch, for the log
-        for epoch in range(args.update_epochs):
-            rng.shuffle(b_inds)
-            # One gather per epoch lays the shuffled minibatches out as contiguous slices.
-            perm = torch.as_tensor(b_inds, device=device)
-            e_nobs, e_actions, e_logprobs, e_advantages, e_returns, e_values = (
-                x[perm] for x in (b_nobs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
-            )
-            for start in range(0, args.batch_size, args.minibatch_size):
-                mb = slice(start, start + args.minibatch_size)
-
-                dist = agent.get_dist(e_nobs[mb], normalized=True)
-                newlogprob = dist.log_prob(e_actions[mb]).sum(1)
-                newvalue = agent.get_value(e_nobs[mb], normalized=True)
-                logratio = newlogprob - e_logprobs[mb]
-                ratio = logratio.exp()
-                ratios.append(ratio.detach())
-
-                mb_advantages = e_advantages[mb]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                pg_loss = policy_loss(ratio, mb_advantages, args.clip_coef)
-                v_clip = args.clip_coef if args.clip_vloss else None
-                v_loss = value_loss(newvalue, e_values[mb], e_returns[mb], v_clip)
-                # At the default --ent-coef 0 the entropy stays out of the graph (pg_loss - 0.0 is pg_loss).
-                entropy_loss = dist.entropy().sum(1).mean() if args.ent_coef else 0.0
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                if not np.isfinite(loss.item()):
-                    where = f"iteration {iteration} (epoch {epoch + 1})"
-                    sys.exit(f"error: non-finite loss at {where}; stopping (nothing saved)")
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-
-            with torch.no_grad():  # approx_kl of the epoch's last minibatch http://joschu.net/blog/kl-approx.html
-                old_approx_kl = (-logratio).mean()
-                approx_kl = ((ratio - 1) - logratio).mean()
-            if args.target_kl is not None and approx_kl > args.target_kl:
-                break
-
-        with torch.no_grad():
-            entropy_loss = dist.entropy().sum(1).mean()  # logged: the last minibatch's, as when it was in the loss
-            ratio_devs = [(r - 1.0).abs().mean().item() for r in ratios]
-            new_logprobs = agent.get_dist(b_nobs, normalized=True).log_prob(b_actions).sum(1)
-            progress.final_tv = total_variation(new_logprobs - b_logprobs).item()
-        # The new observation statistics take effect with the next policy snapshot, so that a policy (weights
-        # and statistics) stays fixed for the whole rollout it acts in and, at lag 0, the first ratio is 1.
-        agent.obs_rms.update(b_obs)
-        progress.update_seconds += time.time() - update_start
-
-        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-        var_y = np.var(y_true)
-        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-
-        scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
-            "losses/value_loss": v_loss.item(),
-            "losses/policy_loss": pg_loss.item(),
-            "losses/entropy": entropy_loss.item(),
-            "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(),
-            "losses/ratio_dev": np.mean(ratio_devs),
-            "losses/explained_variance": explained_var,
-            "lag/staleness_mean": staleness.mean(),
-            "lag/staleness_max": staleness.max(),
-            "lag/backward_tv": backward_tv,
-            "lag/final_tv": progress.final_tv,
-        }
-        log_iteration(writer, args, progress, episode_stats, scalars)
-        if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            running = (next_obs, discounted_return, episode_stats)
-            save_checkpoint(args, run_dir, progress, envs, running, agent, optimizer, policy_buffer, return_rms, rng)
-        if stop:
-            break
-
-    finish(args, run_dir, writer, envs, agent, progress, stop)
+    main(parse_args())

@@ -69,12 +69,26 @@ def run_script(script, *args, env=None, timeout=600, check=True):
 
 
 def run_in_process(script, *args):
-    """Run a script's main block in this process and return its globals (the last iteration's buffers)."""
+    """Run `python <script>.py args...` in this process and return the local variables of the script's main() as it
+    returned (the last iteration's buffers), read from its frame."""
+    path, captured = str(ROOT / f"{script}.py"), {}
+
+    def in_main(frame, event, arg):
+        if event == "return":
+            captured.update(frame.f_locals)
+        return in_main
+
+    def on_call(frame, event, arg):  # traces main's frame only: the other calls run untraced
+        return in_main if frame.f_code.co_name == "main" and frame.f_code.co_filename == path else None
+
     argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    sys.argv = [str(ROOT / f"{script}.py"), *map(str, args)]
+    sys.argv = [path, *map(str, args)]
+    sys.settrace(on_call)
     try:
-        return runpy.run_path(str(ROOT / f"{script}.py"), run_name="__main__")
+        runpy.run_path(path, run_name="__main__")
+        return captured
     finally:
+        sys.settrace(None)
         sys.argv = argv
         for s, handler in handlers.items():  # the script installs its own
             signal.signal(s, handler)

@@ -74,7 +74,8 @@ def test_realignment_uses_the_log_ratio_of_pi_T_to_beta_under_lag(tmp_path):
 
 def filter_grads(logratio, advantages, tv_threshold):
     logratio = logratio.clone().requires_grad_(True)
-    loss, tv, mask = vaco.policy_loss(logratio, advantages, tv_threshold)
+    loss, tv, over_budget, mask = vaco.policy_loss(logratio, advantages, tv_threshold)
+    assert over_budget == (tv.item() > tv_threshold / 2)
     loss.backward()
     return logratio.grad, tv, mask
 
@@ -110,8 +111,9 @@ def test_filter_sign_survives_underflow():
 
 def test_filter_off_is_the_plain_surrogate():
     logratio, adv = torch.log(torch.tensor([2.0, 0.5])), torch.tensor([1.0, 1.0])
-    loss, tv, mask = vaco.policy_loss(logratio, adv, 0.2, use_filter=False)
+    loss, tv, over_budget, mask = vaco.policy_loss(logratio, adv, 0.2, use_filter=False)
     assert mask.tolist() == [1, 1] and loss.item() == pytest.approx(-(2.0 + 0.5) / 2)
+    assert over_budget and tv.item() == pytest.approx(0.5 * (1.0 + 0.5) / 2)  # reported, not acted on
 
 
 def test_smoke_logs_vaco_keys_and_ablation_flags(tmp_path):
