@@ -42,12 +42,11 @@ gradients summed, so the update is the single-process one. A run checkpoints to 
 continues with `--resume`; SIGINT and SIGTERM save what was asked and stop. The run folder holds only what a run
 writes (run.json names the script and the run), is locked while a process uses it, and is written atomically.
 
-Reading order: the flags and their checks; answer parsing and the reward; GRPO's advantages, the two losses and
-the log-probs; generation; then one iteration's phases (`choose_generator`, `generate_batch`,
-`rewards_and_advantages`, `behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`, sharing a `Run`),
-the run's plumbing (`claim_run_folder`, `start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`,
-`finish`) and last `train()`, which calls them in that order. The run folder's checks and the checkpoint's format
-follow the flags' checks.
+Reading order: the method (GRPO's advantages, the two losses, the log-probs); the loop (`iterate`) and one
+iteration's phases in the order it calls them (`choose_generator`, `generate_batch`, `rewards_and_advantages`,
+`behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`); the reward; the command line and its checks;
+data, model and generation; `Run`, what the phases share; the run folder; the run's plumbing (`claim_run_folder`,
+`start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`, `finish`); last `train()`, which runs them.
 
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
@@ -106,6 +105,549 @@ huggingface_hub.utils.disable_progress_bars()
 
 RUN_FORMAT = 1  # of run.json and of the checkpoint's header: a resume reads only its own format
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]  # run.json's "script": whose run a folder holds
+
+
+# ======================================================================================================================
+# The method (docs/method.md §4): GRPO's advantages, the two policy losses, the log-probs they compare.
+# ======================================================================================================================
+
+
+ADV_EPS = 1e-4
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, float]:
+    """A = (R - mean_group) / (std_group + 1e-4), one value per completion.
+
+    `rewards` holds consecutive groups of `group_size` completions of the same prompt. The std has
+    Bessel's correction, as TRL's GRPOTrainer. Also returns the fraction of groups whose rewards are
+    all equal: their advantages are 0 and they carry no gradient.
+    """
+    grouped = rewards.view(-1, group_size)
+    mean = grouped.mean(dim=1, keepdim=True)
+    std = grouped.std(dim=1, keepdim=True)
+    advantages = (grouped - mean) / (std + ADV_EPS)
+    return advantages.flatten(), (std == 0).float().mean().item()
+
+
+def abs_deviation(log_ratio: torch.Tensor) -> float:
+    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
+    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
+    return (log_ratio.exp() - 1).abs().sum().item()
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip with asymmetric clipping: -min(r A, clip(r, 1 - low, 1 + high) A).
+
+    All arguments are 1-D over completion tokens. Returns the per-token loss and which tokens are
+    clipped, i.e. have zero gradient (r > 1 + high with A > 0, or r < 1 - low with A < 0).
+    """
+    ratio = torch.exp(logp - logp_behaviour)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantages
+    is_clipped = ((ratio > 1 + clip_high) & (advantages > 0)) | ((ratio < 1 - clip_low) & (advantages < 0))
+    return -torch.min(unclipped, clipped), is_clipped
+
+
+def vaco_loss(
+    logp: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor, over_budget: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token VACO filter loss -M r A, no clipping (docs/method.md §3.4 and §4).
+
+    When the minibatch is over budget (D > delta/2), a token keeps its gradient only if its step
+    would not increase its TV contribution: M = [A * sign(log pi_theta - log beta) <= 0]. The sign is
+    taken in log space. Returns the per-token loss and which tokens are masked.
+    """
+    log_ratio = logp - logp_behaviour
+    ratio = torch.exp(log_ratio)
+    if over_budget:
+        masked = advantages * torch.sign(log_ratio.detach()) > 0
+    else:
+        masked = torch.zeros_like(advantages, dtype=torch.bool)
+    return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
+
+
+def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
+    """Completions with at least one masked token, and completions with any token in the loss.
+
+    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
+    losses return them."""
+    rows = torch.zeros_like(selected)
+    rows[selected] = dropped
+    return int(rows.any(1).sum()), int(selected.any(1).sum())
+
+
+def completion_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_completion: int,
+    temperature: float,
+    with_entropy: bool = False,
+):
+    """log softmax(logits / temperature) of the tokens in the last `num_completion` columns, shape [B, C].
+
+    Position ids follow the attention mask (left padding), exactly as `generate` builds them, so a
+    teacher-forced pass scores the tokens with the positions they were generated at. Logits are kept
+    for the completion positions only, and each row's log-probs are a gather minus a logsumexp, so
+    no full-vocabulary log-softmax of the batch is materialised. With `with_entropy`, also returns
+    the (detached) entropy of softmax(logits / temperature) at each completion position.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=num_completion + 1,
+        use_cache=False,
+    ).logits[:, :-1]
+    targets = input_ids[:, -num_completion:]
+    rows, entropies = [], []
+    for row_logits, row_targets in zip(logits, targets):
+        row_logits = row_logits.float() / temperature
+        picked = row_logits.gather(-1, row_targets[:, None]).squeeze(-1)
+        log_normaliser = torch.logsumexp(row_logits, dim=-1)
+        rows.append(picked - log_normaliser)
+        if with_entropy:
+            with torch.no_grad():
+                entropies.append(log_normaliser - (torch.softmax(row_logits, -1) * row_logits).sum(-1))
+    if with_entropy:
+        return torch.stack(rows), torch.stack(entropies)
+    return torch.stack(rows)
+
+
+# ======================================================================================================================
+# The loop: the iterations, then one iteration's phases in the order iterate() calls them: draw the generating
+# policy (backward lag), generate one batch of K minibatches (forward lag), rewards and advantages, behaviour
+# log-probs, K optimizer steps, the final divergence, the logs. What they share is a Run (below).
+# ======================================================================================================================
+
+
+def iterate(run: "Run") -> Optional[signal.Signals]:
+    """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
+    args = run.args
+    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run.start_time = time.time()
+    try:
+        if run.eval_rows and run.main_process and (not args.resume or run.restart):
+            evaluate(run)
+        for iteration in range(run.first_iteration, run.num_iterations + 1):
+            run.start_clock()
+            # One generation batch of K minibatches, from a policy of the buffer (backward lag), with GRPO's
+            # advantages and the generating policy's log-probs.
+            staleness = choose_generator(run)
+            generated, references = generate_batch(run)
+            rollout, tokens = rewards_and_advantages(run, generated, references)
+            size = run.local_sequences
+            minibatches = [take_rows(generated, slice(k * size, (k + 1) * size)) for k in range(args.forward_lag)]
+            behaviour_logprobs(run, minibatches)
+
+            # K optimizer steps, one per minibatch: minibatch k (from 0) trains on data k updates old (forward lag).
+            run.model.train()
+            steps, tokens["trained"] = [], 0
+            for k, batch in enumerate(minibatches):
+                step, trained = update(run, iteration, k, batch)
+                log_step(run, step)
+                steps.append(step)
+                tokens["trained"] += trained
+            final_tv = final_divergence(run, minibatches)
+            if args.lag:  # the updated policy joins the buffer
+                with run.timed("buffer"):
+                    run.policy_buffer.append(snapshot(run.model))
+
+            last = iteration == run.num_iterations
+            if run.main_process and run.eval_rows and (iteration % args.eval_every == 0 or last):
+                with run.timed("eval"):
+                    evaluate(run)
+            log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
+            if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+                write_checkpoint(run, iteration)
+    except Interrupted as stop:
+        interrupted = signal.Signals(stop.args[0])
+        if run.main_process:
+            print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
+        return interrupted
+    except FloatingPointError as problem:
+        if run.writer:
+            run.writer.close()
+        raise SystemExit(f"error: {problem}; stopping")
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    return None
+
+
+def choose_generator(run: "Run") -> int:
+    """Backward lag (docs/method.md §2): load one of the buffered policies into the generator, drawn with the data-order
+    generator (the same draw on every rank). Returns its staleness, the updates it is behind the learner."""
+    if not run.args.lag:
+        return 0
+    index = 0 if run.args.lag_mode == "fixed" else int(run.data_rng.integers(len(run.policy_buffer)))
+    with run.timed("buffer"):
+        run.generator.load_state_dict(run.policy_buffer[index])
+    return len(run.policy_buffer) - 1 - index
+
+
+def generate_batch(run: "Run") -> tuple[dict, list[float]]:
+    """One generation batch of K minibatches (forward lag): this rank's share of each minibatch's prompts, G completions
+    each. Returns the batch (see `generate`) and the reference answer of each completion."""
+    args, G = run.args, run.args.num_generations
+    run.model.eval()
+    with run.timed("generation"):
+        prompt_rows = []
+        for _ in range(args.forward_lag):
+            while len(run.order) < args.prompts_per_step:
+                run.order.extend(run.data_rng.permutation(len(run.train_rows)).tolist())
+            indices = [run.order.popleft() for _ in range(args.prompts_per_step)]
+            prompt_rows += indices[run.rank * run.local_prompts : (run.rank + 1) * run.local_prompts]
+        prompts = [run.train_prompts[i] for i in prompt_rows for _ in range(G)]
+        with run.autocast():
+            generated = generate(
+                run.generator, prompts, run.sample_config, run.stop_ids, run.pad_id, run.device, args.generation_batch_size
+            )
+    return generated, [run.train_rows[i][1] for i in prompt_rows for _ in range(G)]
+
+
+def rewards_and_advantages(run: "Run", generated: dict, references: list[float]) -> tuple[dict, dict]:
+    """Rewards and GRPO advantages; adds `advantages` and the `loss_mask` of the tokens that train to `generated`.
+    Returns the batch's statistics for the iteration's record and its token counts (`sequences`: prompts and
+    completions, `completions`), both over all ranks."""
+    args = run.args
+    with run.timed("rewards"):
+        texts = decode_completions(run.tokenizer, generated)
+        rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
+        advantages, zero_std = grpo_advantages(rewards, args.num_generations)
+        group_std = rewards.view(-1, args.num_generations).std(dim=1)
+        lengths = generated["completion_mask"].sum(1).float().cpu()
+        truncated = generated["truncated"].float().cpu()
+        counts = {  # this rank's sums, added over ranks below
+            "reward": rewards.sum().item(),
+            "completions": float(len(texts)),
+            "correct": sum(is_correct(t, r) for t, r in zip(texts, references)),
+            "formatted": sum(extract_answer(t) is not None for t in texts),
+            "completion_tokens": lengths.sum().item(),
+            "truncated": truncated.sum().item(),
+            "group_std": group_std.sum().item(),
+            "zero_std_groups": zero_std * group_std.numel(),
+            "groups": float(group_std.numel()),
+            "tokens": generated["attention_mask"].sum().item(),
+        }
+        total = dict(zip(counts, run.all_reduce(list(counts.values()))))
+        (shortest,) = run.all_reduce([lengths.min().item()], torch.distributed.ReduceOp.MIN)
+        (longest,) = run.all_reduce([lengths.max().item()], torch.distributed.ReduceOp.MAX)
+        generated["advantages"] = advantages.to(run.device)
+        generated["loss_mask"] = generated["completion_mask"]
+        if args.mask_truncated_completions:
+            generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
+    rollout = {
+        "reward": total["reward"] / total["completions"],
+        "reward_std": total["group_std"] / total["groups"],
+        "accuracy": total["correct"] / total["completions"],
+        "format_rate": total["formatted"] / total["completions"],
+        "response_length": total["completion_tokens"] / total["completions"],
+        "response_length_min": shortest,
+        "response_length_max": longest,
+        "truncated_fraction": total["truncated"] / total["completions"],
+        "zero_std_fraction": total["zero_std_groups"] / total["groups"],
+    }
+    return rollout, {"sequences": total["tokens"], "completions": total["completion_tokens"]}
+
+
+def behaviour_logprobs(run: "Run", minibatches: list[dict]):
+    """log beta of every minibatch from the generating weights, frozen from here on. With no backward lag the first
+    minibatch is scored by unchanged weights in its own training pass, the same tensors and the same computation as a
+    separate pass would be (r = 1 exactly): that pass is skipped (`update` fills it in)."""
+    args = run.args
+    with run.timed("behaviour"):
+        for k, batch in enumerate(minibatches):
+            if k == 0 and not args.lag:
+                batch["logp_behaviour"] = None
+            else:
+                batch["logp_behaviour"] = score(run.generator, batch, args.micro_batch_size, args.temperature, run.autocast)
+
+
+def is_over_budget(run: "Run", deviation: float, denominator: float) -> bool:
+    """VACO's test D > delta/2, D = 1/2 sum|r - 1| / tokens over the whole minibatch (all ranks)."""
+    return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
+
+
+def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
+    """Optimizer step k + 1 of the generation batch, on minibatch k (forward lag k): PPO-clip or VACO's filter, the
+    gradient accumulated micro-batch by micro-batch. Returns the step's record and the tokens this rank trained on."""
+    args, model = run.args, run.model
+    num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
+    denominator = max(num_tokens, 1.0)
+    over_budget = False
+    if args.loss == "vaco" and not run.single_pass and batch["logp_behaviour"] is not None:
+        # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
+        # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
+        with run.timed("prescore"):
+            current = score(model, batch, args.micro_batch_size, args.temperature, run.autocast)
+            deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
+            over_budget = is_over_budget(run, deviation, denominator)
+    training_tokens = 0
+    with run.timed("training"):
+        run.optimizer.zero_grad(set_to_none=True)
+        sums = collections.Counter()
+        for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
+            width = completion_mask.shape[1]
+            with run.autocast():
+                logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
+            selected = batch["loss_mask"][rows, :width]
+            if batch["logp_behaviour"] is None:
+                batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+            if k == 0 and not args.lag:  # the skipped behaviour pass: log beta is this pass's log pi_theta
+                batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
+            logp = logp[selected]
+            logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
+            token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
+            log_ratio = logp.detach() - logp_behaviour
+            ratio = log_ratio.exp()
+            if args.loss == "vaco" and run.single_pass:
+                over_budget = is_over_budget(run, abs_deviation(log_ratio), denominator)
+            if args.loss == "ppo-clip":
+                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high)
+            else:
+                per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
+            loss = per_token.sum() / denominator
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
+            loss.backward()
+            sums["loss"] += loss.item()
+            sums["abs_dev"] += abs_deviation(log_ratio)
+            sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
+            sums["dropped"] += dropped.sum().item()
+            if args.loss == "vaco":
+                masked_rows, rows_with_tokens = masked_completions(selected, dropped)
+                sums["dropped_completions"] += masked_rows
+                sums["completions"] += rows_with_tokens
+            sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
+            sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
+            sums["entropy"] += entropy[selected].sum().item()
+            training_tokens += int(mask.sum())
+        sum_gradients(run)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
+        run.optimizer.step()
+    run.counters["global_step"] += 1
+    return step_record(run, iteration, k, sums, denominator, grad_norm, over_budget), training_tokens
+
+
+def step_record(run: "Run", iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
+    """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
+    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
+    keys += ["dropped_completions", "completions"]
+    totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
+    step = {
+        "step": run.counters["global_step"],
+        "iteration": iteration,
+        "position": k + 1,
+        "policy_loss": totals["loss"],
+        "tv": 0.5 * totals["abs_dev"] / denominator,
+        "approx_kl": totals["approx_kl"] / denominator,
+        "grad_norm": grad_norm,
+        "entropy": totals["entropy"] / denominator,
+        "learning_rate": run.optimizer.param_groups[0]["lr"],
+    }
+    if run.args.loss == "ppo-clip":
+        step["clip_fraction"] = totals["dropped"] / denominator
+        step["clip_ratio_low"] = totals["clip_low"] / denominator
+        step["clip_ratio_high"] = totals["clip_high"] / denominator
+    else:
+        step["filter_fraction"] = totals["dropped"] / denominator
+        step["filter_completion_fraction"] = totals["dropped_completions"] / max(totals["completions"], 1.0)
+        step["over_budget"] = float(over_budget)
+    return step
+
+
+def final_divergence(run: "Run", minibatches: list[dict]) -> Optional[float]:
+    """D of the generation batch after its last update (the paper's TV plot), on the first --final-tv-fraction of
+    each minibatch's micro-batches; None with --final-tv-fraction 0."""
+    if not run.final_tv_batches:
+        return None
+    args = run.args
+    run.model.eval()
+    with run.timed("final_tv"):
+        deviation, count = 0.0, 0.0
+        for batch in minibatches:
+            current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
+            scored = batch["loss_mask"].clone()
+            scored[run.final_tv_batches * args.micro_batch_size :] = False
+            deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
+            count += scored.sum().item()
+        deviation, count = run.all_reduce([deviation, count])
+    return 0.5 * deviation / max(count, 1.0)
+
+
+# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
+# the quantity is the same. The x-axis is the optimizer step.
+STEP_TAGS = {
+    "policy_loss": "losses/policy_loss",
+    "approx_kl": "losses/approx_kl",
+    "grad_norm": "losses/grad_norm",
+    "clip_fraction": "losses/clipfrac",
+    "clip_ratio_low": "losses/clip_ratio_low",
+    "clip_ratio_high": "losses/clip_ratio_high",
+    "entropy": "losses/entropy",
+    "learning_rate": "charts/learning_rate",
+    "tv": "vaco/tv",
+    "filter_fraction": "vaco/filter_frac",
+    "filter_completion_fraction": "vaco/filter_completion_frac",
+}
+
+ITERATION_TAGS = {
+    "reward": "charts/reward",
+    "reward_std": "charts/reward_std",
+    "accuracy": "charts/accuracy",
+    "format_rate": "charts/format_rate",
+    "response_length": "charts/response_length",
+    "response_length_min": "charts/response_length_min",
+    "response_length_max": "charts/response_length_max",
+    "truncated_fraction": "charts/truncated_fraction",
+    "tokens_seen": "charts/num_tokens",
+    "zero_std_fraction": "charts/zero_std_fraction",
+    "staleness": "lag/staleness_mean",
+    "tv_backward": "lag/backward_tv",
+    "tv_final": "lag/final_tv",
+    "over_budget_fraction": "vaco/over_budget_frac",
+    "generation_tokens_per_s": "perf/generation_tokens_per_s",
+    "training_tokens_per_s": "perf/training_tokens_per_s",
+}
+
+
+def log_step(run: "Run", step: dict):
+    if run.main_process:
+        for key, tag in STEP_TAGS.items():
+            if key in step:
+                run.writer.add_scalar(tag, step[key], run.counters["global_step"])
+
+
+def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv):
+    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
+    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
+    of this rank's training passes."""
+    args, counters = run.args, run.counters
+    counters["tokens_seen"] += int(tokens["sequences"])
+    wall = time.perf_counter() - run.iteration_start
+    record = {
+        "step": counters["global_step"],
+        "iteration": iteration,
+        **rollout,
+        "tokens_seen": counters["tokens_seen"],
+        "staleness": staleness,
+        "tv_backward": steps[0]["tv"],
+        "tv_final": final_tv,
+        "generation_tokens_per_s": tokens["completions"] / run.timers["generation"],
+        "training_tokens_per_s": run.all_reduce([float(tokens["trained"])])[0] / run.timers["training"],
+        "iteration_seconds": wall,
+        "other_seconds": wall - sum(run.timers.values()),
+    }
+    record.update({f"{phase}_seconds": seconds for phase, seconds in run.timers.items()})
+    if args.loss == "vaco":
+        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
+    run.history["steps"] += steps
+    run.history["iterations"].append(record)
+    if not run.main_process:
+        return
+    for key, value in record.items():
+        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
+        if tag and value is not None:
+            run.writer.add_scalar(tag, value, counters["global_step"])
+    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
+    print(
+        f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
+        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
+        f"len {record['response_length']:.0f} tv_final {tv_text} "
+        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
+        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
+        f"({time.time() - run.start_time:.0f} s)",
+        flush=True,
+    )
+
+
+# ======================================================================================================================
+# The reward (docs/method.md §4.1): the answer a completion gives, against the reference.
+# ======================================================================================================================
+
+
+# Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
+# letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
+
+LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
+
+ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
+
+THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
+
+LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
+
+BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def read_number(text: str) -> Optional[float]:
+    """The number that starts `text` once markdown/LaTeX decoration and an "answer:" label are removed.
+
+    `**18**`, `$18`, `\boxed{18}`, `18%`, `18 apples`, `1,000`, `-5`, `3.50`, `18.` all read as numbers;
+    text after the last `=` is read when there is one (`#### 3 + 4 = 7` is 7); a leading word
+    (`Step 1`) is not a number.
+    """
+    text = DECORATION_RE.sub("", THOUSANDS_RE.sub("", text.replace("\u2212", "-")))
+    text = LABEL_RE.sub("", text.rpartition("=")[2])
+    match = LEADING_NUMBER_RE.match(text)
+    return float(match.group(1)) if match else None
+
+
+def extract_answer(completion: str) -> Optional[float]:
+    """The strict format: the number of the last `####` line that holds one (docs/method.md §4).
+
+    Markdown headings such as `#### Step 1` before the final line are skipped, since they hold no
+    number once their leading word is seen; with several `####` answers the last one counts.
+    """
+    for tail in reversed(completion.split("####")[1:]):
+        number = read_number(tail.split("\n", 1)[0])
+        if number is not None:
+            return number
+    return None
+
+
+def final_answer(completion: str) -> Optional[float]:
+    """The graded answer: the `####` answer, else the last `\boxed{}`, else the last number of the text."""
+    number = extract_answer(completion)
+    if number is not None:
+        return number
+    for boxed in reversed(BOXED_RE.findall(completion)):
+        number = read_number(boxed)
+        if number is not None:
+            return number
+    numbers = ANY_NUMBER_RE.findall(THOUSANDS_RE.sub("", completion.replace("\u2212", "-")))
+    return float(numbers[-1]) if numbers else None
+
+
+def reference_answer(answer: str) -> Optional[float]:
+    """GSM8k's reference: the number after the last `####` of the `answer` field."""
+    _, sep, tail = answer.rpartition("####")
+    return read_number(tail) if sep else None
+
+
+def is_correct(completion: str, reference: float) -> bool:
+    predicted = final_answer(completion)
+    return predicted is not None and math.isclose(predicted, reference, rel_tol=0.0, abs_tol=1e-6)
+
+
+def compute_reward(completion: str, reference: float) -> float:
+    """Verifiable reward (docs/method.md §4). Module level so a test can swap in another reward."""
+    return float(is_correct(completion, reference))
+
+
+# ======================================================================================================================
+# The command line: the flags and their checks (read-only: nothing is made or written).
+# ======================================================================================================================
 
 
 @dataclass
@@ -208,53 +750,6 @@ class Args:
     """number of evaluation prompts (the first ones of the evaluation set)"""
 
 
-GSM8K_ID = "openai/gsm8k"
-INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
-# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
-# the quantity is the same. The x-axis is the optimizer step.
-STEP_TAGS = {
-    "policy_loss": "losses/policy_loss",
-    "approx_kl": "losses/approx_kl",
-    "grad_norm": "losses/grad_norm",
-    "clip_fraction": "losses/clipfrac",
-    "clip_ratio_low": "losses/clip_ratio_low",
-    "clip_ratio_high": "losses/clip_ratio_high",
-    "entropy": "losses/entropy",
-    "learning_rate": "charts/learning_rate",
-    "tv": "vaco/tv",
-    "filter_fraction": "vaco/filter_frac",
-    "filter_completion_fraction": "vaco/filter_completion_frac",
-}
-ITERATION_TAGS = {
-    "reward": "charts/reward",
-    "reward_std": "charts/reward_std",
-    "accuracy": "charts/accuracy",
-    "format_rate": "charts/format_rate",
-    "response_length": "charts/response_length",
-    "response_length_min": "charts/response_length_min",
-    "response_length_max": "charts/response_length_max",
-    "truncated_fraction": "charts/truncated_fraction",
-    "tokens_seen": "charts/num_tokens",
-    "zero_std_fraction": "charts/zero_std_fraction",
-    "staleness": "lag/staleness_mean",
-    "tv_backward": "lag/backward_tv",
-    "tv_final": "lag/final_tv",
-    "over_budget_fraction": "vaco/over_budget_frac",
-    "generation_tokens_per_s": "perf/generation_tokens_per_s",
-    "training_tokens_per_s": "perf/training_tokens_per_s",
-}
-# Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
-# letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
-LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
-ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
-THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
-LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
-BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
-ADV_EPS = 1e-4
-
-
 def fail(message: str):
     """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
     print("error: " + " ".join(line.strip() for line in message.strip().splitlines()), file=sys.stderr)
@@ -325,6 +820,7 @@ RULES = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
+
 # Flags that may differ between a run and its resumption.
 RESUMABLE = {
     "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
@@ -337,7 +833,9 @@ RESUMABLE = {
     "checkpoint_every",
     "save_model",
 }
+
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
+
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
 
 
@@ -410,17 +908,335 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
 
 
 # ======================================================================================================================
+# Data, model and generation.
+# ======================================================================================================================
+
+
+GSM8K_ID = "openai/gsm8k"
+
+INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
+
+
+def load_jsonl(path: str) -> list[tuple[str, float]]:
+    """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
+    rows = []
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        fail(f"cannot read {path}: {error.strerror}")
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                fail(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                fail(f"{path}:{number}: malformed JSON line ({error.msg})")
+            rows.append(check_row(record, f"{path}:{number}"))
+    if not rows:
+        fail(f"{path}: no rows")
+    return rows
+
+
+def check_row(record, where: str) -> tuple[str, float]:
+    fields_ok = isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("question", "answer"))
+    if not fields_ok:
+        fail(f"{where}: expected an object with string fields 'question' and 'answer'")
+    reference = reference_answer(record["answer"])
+    if reference is None:
+        fail(f"{where}: 'answer' does not end in '#### <number>'")
+    return record["question"], reference
+
+
+def hub_resolvable() -> bool:
+    """Whether the hub's host name resolves. With no network this fails at once, where the hub
+    clients would retry for about 30 s (printing a line per retry) before giving up."""
+    try:
+        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
+    except OSError:
+        return False
+    return True
+
+
+def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
+    """A JSONL file when given, else openai/gsm8k (config main) from the hub."""
+    if path is not None:
+        return load_jsonl(path)
+    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
+    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
+        fail(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
+    import datasets  # only needed for the hub data; importing it costs seconds
+
+    try:
+        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
+    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
+        fail(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
+    return [check_row(record, f"{GSM8K_ID} {split} row {i}") for i, record in enumerate(dataset)]
+
+
+def load_model_and_tokenizer(model_id: str):
+    """Model (fp32 weights) and tokenizer through the Auto classes; one that cannot load exits 2, with the library's
+    whole message for a local folder (a missing tokenizer file, a truncated model.safetensors)."""
+    local = looks_like_path(model_id)
+    source = os.path.expanduser(model_id) if local else model_id
+    # With no network, a model already in the hub cache still loads, and no download is attempted.
+    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    part = "tokenizer"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        part = "model"
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only)
+    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
+        if local:
+            fail(f"could not load the {part} from {source}: {error}")
+        fail(
+            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
+            "with no network, pass a local model folder: --model-id /path/to/model"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model, tokenizer
+
+
+def keep_output_head_fp32(model):
+    """Under bf16 autocast, compute the output projection (the logits) in fp32.
+
+    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
+    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
+    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
+    """
+    saved = []
+
+    def before(module, inputs):
+        device_type = inputs[0].device.type
+        saved.append(torch.is_autocast_enabled(device_type))
+        torch.set_autocast_enabled(device_type, False)
+        return tuple(x.float() for x in inputs)
+
+    def after(module, inputs, output):
+        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
+
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(before)
+    head.register_forward_hook(after)
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return sorted(set(eos) | {tokenizer.eos_token_id})
+
+
+def encode_prompt(tokenizer, question: str) -> list[int]:
+    """The chat template when the tokenizer has one (it adds its own special tokens), else plain text."""
+    message = f"{question}\n{INSTRUCTION}"
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
+    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
+
+    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
+    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
+    cut at `max_new_tokens`.
+    """
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    chunk = chunk or len(prompts)
+    pieces = [
+        model.generate(
+            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
+        )
+        for i in range(0, len(prompts), chunk)
+    ]
+    width = max(piece.shape[1] for piece in pieces)
+    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
+    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
+
+
+def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
+    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
+    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
+    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
+    completion = completion.masked_fill(~completion_mask, pad_id)
+    return {
+        "input_ids": torch.cat([prompt_ids, completion], dim=1),
+        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        "completion_mask": completion_mask,
+        "truncated": ~is_stop.any(-1),
+    }
+
+
+def take_rows(batch: dict, rows: slice) -> dict:
+    return {key: value[rows] for key, value in batch.items()}
+
+
+def micro_batches(batch: dict, size: int):
+    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
+
+    The behaviour, training and final-TV passes all score the same slices, so with no lag the
+    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
+    """
+    num_completion = batch["completion_mask"].shape[1]
+    for start in range(0, batch["input_ids"].shape[0], size):
+        ids = batch["input_ids"][start : start + size]
+        mask = batch["attention_mask"][start : start + size]
+        completion_mask = batch["completion_mask"][start : start + size]
+        first = int(mask.any(0).nonzero()[0])
+        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
+        end = ids.shape[1] - num_completion + keep
+        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
+
+
+def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
+    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
+    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
+    with torch.no_grad(), autocast():
+        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
+            if limit is not None and n >= limit:
+                break
+            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
+            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
+    return out
+
+
+def decode_completions(tokenizer, batch: dict) -> list[str]:
+    num_completion = batch["completion_mask"].shape[1]
+    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
+
+
+# ======================================================================================================================
+# What the phases of a run share.
+# ======================================================================================================================
+
+
+@dataclass
+class Run:
+    """What the phases of a run share: made by `start`, moved on by `restore` and the iterations. The model, the
+    optimizer, the policy buffer, the data order and its generator, `history` and `counters` are what a checkpoint
+    saves."""
+
+    args: Args
+    rank: int
+    world: int
+    run_name: str
+    run_dir: str
+    device: torch.device
+    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
+    use_bf16: bool
+    model: torch.nn.Module
+    tokenizer: object
+    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
+    optimizer: torch.optim.Optimizer
+    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
+    stop_ids: list[int]
+    pad_id: int
+    sample_config: GenerationConfig
+    greedy_config: GenerationConfig
+    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
+    train_rows: list[tuple[str, float]]
+    eval_rows: list[tuple[str, float]]
+    train_prompts: list[list[int]]
+    eval_prompts: list[list[int]]
+    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
+    order: collections.deque  # the training rows still to be drawn, in their order
+    num_iterations: int
+    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
+    local_sequences: int
+    single_pass: bool  # this rank's share of a minibatch is one micro-batch
+    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
+    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
+    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
+    first_iteration: int = 1
+    wandb_id: Optional[str] = None
+    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
+    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
+    writer: Optional[SummaryWriter] = None  # the main process's
+    start_time: float = 0.0
+    iteration_start: float = 0.0
+    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
+
+    @property
+    def main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def all_reduce(self, values: list[float], op=None) -> list[float]:
+        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start_clock(self):
+        """A new iteration: its phase timers start from zero."""
+        self.timers = collections.Counter()
+        self.iteration_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        self.synchronize()
+        begin = time.perf_counter()
+        yield
+        self.synchronize()
+        self.timers[phase] += time.perf_counter() - begin
+
+
+# ======================================================================================================================
 # The run folder. A run of this script writes only the entries below into it; run.json makes a folder a run. Every
 # check is read-only and made before anything is written, then again under the folder's lock (claim_run_folder).
 # ======================================================================================================================
 
+
 RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary.json", "run.lock"
+
 CHECKPOINT = "checkpoint.pt"
+
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
+
 OWN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+
 OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
+
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
+
 HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
+
 VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
 
 
@@ -713,719 +1529,6 @@ def load_checkpoint(path: str) -> dict:
     with open(path, "rb") as handle:
         read_header(handle)
         return torch.load(Payload(handle, HEADER_SIZE), map_location="cpu", weights_only=False)
-
-
-def read_number(text: str) -> Optional[float]:
-    """The number that starts `text` once markdown/LaTeX decoration and an "answer:" label are removed.
-
-    `**18**`, `$18`, `\boxed{18}`, `18%`, `18 apples`, `1,000`, `-5`, `3.50`, `18.` all read as numbers;
-    text after the last `=` is read when there is one (`#### 3 + 4 = 7` is 7); a leading word
-    (`Step 1`) is not a number.
-    """
-    text = DECORATION_RE.sub("", THOUSANDS_RE.sub("", text.replace("\u2212", "-")))
-    text = LABEL_RE.sub("", text.rpartition("=")[2])
-    match = LEADING_NUMBER_RE.match(text)
-    return float(match.group(1)) if match else None
-
-
-def extract_answer(completion: str) -> Optional[float]:
-    """The strict format: the number of the last `####` line that holds one (docs/method.md §4).
-
-    Markdown headings such as `#### Step 1` before the final line are skipped, since they hold no
-    number once their leading word is seen; with several `####` answers the last one counts.
-    """
-    for tail in reversed(completion.split("####")[1:]):
-        number = read_number(tail.split("\n", 1)[0])
-        if number is not None:
-            return number
-    return None
-
-
-def final_answer(completion: str) -> Optional[float]:
-    """The graded answer: the `####` answer, else the last `\boxed{}`, else the last number of the text."""
-    number = extract_answer(completion)
-    if number is not None:
-        return number
-    for boxed in reversed(BOXED_RE.findall(completion)):
-        number = read_number(boxed)
-        if number is not None:
-            return number
-    numbers = ANY_NUMBER_RE.findall(THOUSANDS_RE.sub("", completion.replace("\u2212", "-")))
-    return float(numbers[-1]) if numbers else None
-
-
-def reference_answer(answer: str) -> Optional[float]:
-    """GSM8k's reference: the number after the last `####` of the `answer` field."""
-    _, sep, tail = answer.rpartition("####")
-    return read_number(tail) if sep else None
-
-
-def is_correct(completion: str, reference: float) -> bool:
-    predicted = final_answer(completion)
-    return predicted is not None and math.isclose(predicted, reference, rel_tol=0.0, abs_tol=1e-6)
-
-
-def compute_reward(completion: str, reference: float) -> float:
-    """Verifiable reward (docs/method.md §4). Module level so a test can swap in another reward."""
-    return float(is_correct(completion, reference))
-
-
-def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, float]:
-    """A = (R - mean_group) / (std_group + 1e-4), one value per completion.
-
-    `rewards` holds consecutive groups of `group_size` completions of the same prompt. The std has
-    Bessel's correction, as TRL's GRPOTrainer. Also returns the fraction of groups whose rewards are
-    all equal: their advantages are 0 and they carry no gradient.
-    """
-    grouped = rewards.view(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True)
-    advantages = (grouped - mean) / (std + ADV_EPS)
-    return advantages.flatten(), (std == 0).float().mean().item()
-
-
-def abs_deviation(log_ratio: torch.Tensor) -> float:
-    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
-    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
-    return (log_ratio.exp() - 1).abs().sum().item()
-
-
-def ppo_clip_loss(
-    logp: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip with asymmetric clipping: -min(r A, clip(r, 1 - low, 1 + high) A).
-
-    All arguments are 1-D over completion tokens. Returns the per-token loss and which tokens are
-    clipped, i.e. have zero gradient (r > 1 + high with A > 0, or r < 1 - low with A < 0).
-    """
-    ratio = torch.exp(logp - logp_behaviour)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantages
-    is_clipped = ((ratio > 1 + clip_high) & (advantages > 0)) | ((ratio < 1 - clip_low) & (advantages < 0))
-    return -torch.min(unclipped, clipped), is_clipped
-
-
-def vaco_loss(
-    logp: torch.Tensor, logp_behaviour: torch.Tensor, advantages: torch.Tensor, over_budget: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token VACO filter loss -M r A, no clipping (docs/method.md §3.4 and §4).
-
-    When the minibatch is over budget (D > delta/2), a token keeps its gradient only if its step
-    would not increase its TV contribution: M = [A * sign(log pi_theta - log beta) <= 0]. The sign is
-    taken in log space. Returns the per-token loss and which tokens are masked.
-    """
-    log_ratio = logp - logp_behaviour
-    ratio = torch.exp(log_ratio)
-    if over_budget:
-        masked = advantages * torch.sign(log_ratio.detach()) > 0
-    else:
-        masked = torch.zeros_like(advantages, dtype=torch.bool)
-    return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
-
-
-def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
-    """Completions with at least one masked token, and completions with any token in the loss.
-
-    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
-    losses return them."""
-    rows = torch.zeros_like(selected)
-    rows[selected] = dropped
-    return int(rows.any(1).sum()), int(selected.any(1).sum())
-
-
-def completion_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    num_completion: int,
-    temperature: float,
-    with_entropy: bool = False,
-):
-    """log softmax(logits / temperature) of the tokens in the last `num_completion` columns, shape [B, C].
-
-    Position ids follow the attention mask (left padding), exactly as `generate` builds them, so a
-    teacher-forced pass scores the tokens with the positions they were generated at. Logits are kept
-    for the completion positions only, and each row's log-probs are a gather minus a logsumexp, so
-    no full-vocabulary log-softmax of the batch is materialised. With `with_entropy`, also returns
-    the (detached) entropy of softmax(logits / temperature) at each completion position.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=num_completion + 1,
-        use_cache=False,
-    ).logits[:, :-1]
-    targets = input_ids[:, -num_completion:]
-    rows, entropies = [], []
-    for row_logits, row_targets in zip(logits, targets):
-        row_logits = row_logits.float() / temperature
-        picked = row_logits.gather(-1, row_targets[:, None]).squeeze(-1)
-        log_normaliser = torch.logsumexp(row_logits, dim=-1)
-        rows.append(picked - log_normaliser)
-        if with_entropy:
-            with torch.no_grad():
-                entropies.append(log_normaliser - (torch.softmax(row_logits, -1) * row_logits).sum(-1))
-    if with_entropy:
-        return torch.stack(rows), torch.stack(entropies)
-    return torch.stack(rows)
-
-
-def load_jsonl(path: str) -> list[tuple[str, float]]:
-    """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
-    rows = []
-    try:
-        handle = open(path, "rb")
-    except OSError as error:
-        fail(f"cannot read {path}: {error.strerror}")
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                fail(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                fail(f"{path}:{number}: malformed JSON line ({error.msg})")
-            rows.append(check_row(record, f"{path}:{number}"))
-    if not rows:
-        fail(f"{path}: no rows")
-    return rows
-
-
-def check_row(record, where: str) -> tuple[str, float]:
-    fields_ok = isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("question", "answer"))
-    if not fields_ok:
-        fail(f"{where}: expected an object with string fields 'question' and 'answer'")
-    reference = reference_answer(record["answer"])
-    if reference is None:
-        fail(f"{where}: 'answer' does not end in '#### <number>'")
-    return record["question"], reference
-
-
-def hub_resolvable() -> bool:
-    """Whether the hub's host name resolves. With no network this fails at once, where the hub
-    clients would retry for about 30 s (printing a line per retry) before giving up."""
-    try:
-        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
-    except OSError:
-        return False
-    return True
-
-
-def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
-    """A JSONL file when given, else openai/gsm8k (config main) from the hub."""
-    if path is not None:
-        return load_jsonl(path)
-    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
-    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
-        fail(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
-    import datasets  # only needed for the hub data; importing it costs seconds
-
-    try:
-        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
-    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
-        fail(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
-    return [check_row(record, f"{GSM8K_ID} {split} row {i}") for i, record in enumerate(dataset)]
-
-
-def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes; one that cannot load exits 2, with the library's
-    whole message for a local folder (a missing tokenizer file, a truncated model.safetensors)."""
-    local = looks_like_path(model_id)
-    source = os.path.expanduser(model_id) if local else model_id
-    # With no network, a model already in the hub cache still loads, and no download is attempted.
-    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
-    part = "tokenizer"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-        part = "model"
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only)
-    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
-        if local:
-            fail(f"could not load the {part} from {source}: {error}")
-        fail(
-            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
-            "with no network, pass a local model folder: --model-id /path/to/model"
-        )
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model, tokenizer
-
-
-def keep_output_head_fp32(model):
-    """Under bf16 autocast, compute the output projection (the logits) in fp32.
-
-    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
-    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
-    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
-    """
-    saved = []
-
-    def before(module, inputs):
-        device_type = inputs[0].device.type
-        saved.append(torch.is_autocast_enabled(device_type))
-        torch.set_autocast_enabled(device_type, False)
-        return tuple(x.float() for x in inputs)
-
-    def after(module, inputs, output):
-        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
-
-    head = model.get_output_embeddings()
-    head.register_forward_pre_hook(before)
-    head.register_forward_hook(after)
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return sorted(set(eos) | {tokenizer.eos_token_id})
-
-
-def encode_prompt(tokenizer, question: str) -> list[int]:
-    """The chat template when the tokenizer has one (it adds its own special tokens), else plain text."""
-    message = f"{question}\n{INSTRUCTION}"
-    if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, width - len(sequence) :] = 1
-    return ids, mask
-
-
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
-    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
-
-    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
-    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
-    cut at `max_new_tokens`.
-    """
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    chunk = chunk or len(prompts)
-    pieces = [
-        model.generate(
-            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
-        )
-        for i in range(0, len(prompts), chunk)
-    ]
-    width = max(piece.shape[1] for piece in pieces)
-    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
-    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
-
-
-def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
-    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
-    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
-    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
-    completion = completion.masked_fill(~completion_mask, pad_id)
-    return {
-        "input_ids": torch.cat([prompt_ids, completion], dim=1),
-        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
-        "completion_mask": completion_mask,
-        "truncated": ~is_stop.any(-1),
-    }
-
-
-def take_rows(batch: dict, rows: slice) -> dict:
-    return {key: value[rows] for key, value in batch.items()}
-
-
-def micro_batches(batch: dict, size: int):
-    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
-
-    The behaviour, training and final-TV passes all score the same slices, so with no lag the
-    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
-    """
-    num_completion = batch["completion_mask"].shape[1]
-    for start in range(0, batch["input_ids"].shape[0], size):
-        ids = batch["input_ids"][start : start + size]
-        mask = batch["attention_mask"][start : start + size]
-        completion_mask = batch["completion_mask"][start : start + size]
-        first = int(mask.any(0).nonzero()[0])
-        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
-        end = ids.shape[1] - num_completion + keep
-        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
-
-
-def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
-    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
-    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
-    with torch.no_grad(), autocast():
-        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
-            if limit is not None and n >= limit:
-                break
-            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
-            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
-    return out
-
-
-def decode_completions(tokenizer, batch: dict) -> list[str]:
-    num_completion = batch["completion_mask"].shape[1]
-    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
-
-
-# ======================================================================================================================
-# One iteration of GRPO under policy lag, phase by phase, in the order train() calls them: draw the generating policy
-# (backward lag), generate one batch of K minibatches (forward lag), rewards and advantages, behaviour log-probs, K
-# optimizer steps, the final divergence, the logs.
-# ======================================================================================================================
-
-
-@dataclass
-class Run:
-    """What the phases of a run share: made by `start`, moved on by `restore` and the iterations. The model, the
-    optimizer, the policy buffer, the data order and its generator, `history` and `counters` are what a checkpoint
-    saves."""
-
-    args: Args
-    rank: int
-    world: int
-    run_name: str
-    run_dir: str
-    device: torch.device
-    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
-    use_bf16: bool
-    model: torch.nn.Module
-    tokenizer: object
-    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
-    optimizer: torch.optim.Optimizer
-    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
-    stop_ids: list[int]
-    pad_id: int
-    sample_config: GenerationConfig
-    greedy_config: GenerationConfig
-    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
-    train_rows: list[tuple[str, float]]
-    eval_rows: list[tuple[str, float]]
-    train_prompts: list[list[int]]
-    eval_prompts: list[list[int]]
-    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
-    order: collections.deque  # the training rows still to be drawn, in their order
-    num_iterations: int
-    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
-    local_sequences: int
-    single_pass: bool  # this rank's share of a minibatch is one micro-batch
-    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
-    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
-    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
-    first_iteration: int = 1
-    wandb_id: Optional[str] = None
-    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
-    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
-    writer: Optional[SummaryWriter] = None  # the main process's
-    start_time: float = 0.0
-    iteration_start: float = 0.0
-    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
-
-    @property
-    def main_process(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    def all_reduce(self, values: list[float], op=None) -> list[float]:
-        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
-        if not self.distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
-        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
-
-    def synchronize(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def start_clock(self):
-        """A new iteration: its phase timers start from zero."""
-        self.timers = collections.Counter()
-        self.iteration_start = time.perf_counter()
-
-    @contextlib.contextmanager
-    def timed(self, phase: str):
-        self.synchronize()
-        begin = time.perf_counter()
-        yield
-        self.synchronize()
-        self.timers[phase] += time.perf_counter() - begin
-
-
-def choose_generator(run: Run) -> int:
-    """Backward lag (docs/method.md §2): load one of the buffered policies into the generator, drawn with the data-order
-    generator (the same draw on every rank). Returns its staleness, the updates it is behind the learner."""
-    if not run.args.lag:
-        return 0
-    index = 0 if run.args.lag_mode == "fixed" else int(run.data_rng.integers(len(run.policy_buffer)))
-    with run.timed("buffer"):
-        run.generator.load_state_dict(run.policy_buffer[index])
-    return len(run.policy_buffer) - 1 - index
-
-
-def generate_batch(run: Run) -> tuple[dict, list[float]]:
-    """One generation batch of K minibatches (forward lag): this rank's share of each minibatch's prompts, G completions
-    each. Returns the batch (see `generate`) and the reference answer of each completion."""
-    args, G = run.args, run.args.num_generations
-    run.model.eval()
-    with run.timed("generation"):
-        prompt_rows = []
-        for _ in range(args.forward_lag):
-            while len(run.order) < args.prompts_per_step:
-                run.order.extend(run.data_rng.permutation(len(run.train_rows)).tolist())
-            indices = [run.order.popleft() for _ in range(args.prompts_per_step)]
-            prompt_rows += indices[run.rank * run.local_prompts : (run.rank + 1) * run.local_prompts]
-        prompts = [run.train_prompts[i] for i in prompt_rows for _ in range(G)]
-        with run.autocast():
-            generated = generate(
-                run.generator, prompts, run.sample_config, run.stop_ids, run.pad_id, run.device, args.generation_batch_size
-            )
-    return generated, [run.train_rows[i][1] for i in prompt_rows for _ in range(G)]
-
-
-def rewards_and_advantages(run: Run, generated: dict, references: list[float]) -> tuple[dict, dict]:
-    """Rewards and GRPO advantages; adds `advantages` and the `loss_mask` of the tokens that train to `generated`.
-    Returns the batch's statistics for the iteration's record and its token counts (`sequences`: prompts and
-    completions, `completions`), both over all ranks."""
-    args = run.args
-    with run.timed("rewards"):
-        texts = decode_completions(run.tokenizer, generated)
-        rewards = torch.tensor([compute_reward(t, r) for t, r in zip(texts, references)], dtype=torch.float32)
-        advantages, zero_std = grpo_advantages(rewards, args.num_generations)
-        group_std = rewards.view(-1, args.num_generations).std(dim=1)
-        lengths = generated["completion_mask"].sum(1).float().cpu()
-        truncated = generated["truncated"].float().cpu()
-        sums = run.all_reduce(
-            [
-                rewards.sum().item(),
-                float(len(texts)),
-                sum(is_correct(t, r) for t, r in zip(texts, references)),
-                sum(extract_answer(t) is not None for t in texts),
-                lengths.sum().item(),
-                truncated.sum().item(),
-                group_std.sum().item(),
-                zero_std * group_std.numel(),
-                float(group_std.numel()),
-                generated["attention_mask"].sum().item(),
-            ]
-        )
-        low = run.all_reduce([lengths.min().item(), -lengths.max().item()], torch.distributed.ReduceOp.MIN)
-        generated["advantages"] = advantages.to(run.device)
-        generated["loss_mask"] = generated["completion_mask"]
-        if args.mask_truncated_completions:
-            generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
-    rollout = {
-        "reward": sums[0] / sums[1],
-        "reward_std": sums[6] / sums[8],
-        "accuracy": sums[2] / sums[1],
-        "format_rate": sums[3] / sums[1],
-        "response_length": sums[4] / sums[1],
-        "response_length_min": low[0],
-        "response_length_max": -low[1],
-        "truncated_fraction": sums[5] / sums[1],
-        "zero_std_fraction": sums[7] / sums[8],
-    }
-    return rollout, {"sequences": sums[9], "completions": sums[4]}
-
-
-def behaviour_logprobs(run: Run, minibatches: list[dict]):
-    """log beta of every minibatch from the generating weights, frozen from here on. With no backward lag the first
-    minibatch is scored by unchanged weights in its own training pass, the same tensors and the same computation as a
-    separate pass would be (r = 1 exactly): that pass is skipped (`update` fills it in)."""
-    args = run.args
-    with run.timed("behaviour"):
-        for k, batch in enumerate(minibatches):
-            if k == 0 and not args.lag:
-                batch["logp_behaviour"] = None
-            else:
-                batch["logp_behaviour"] = score(run.generator, batch, args.micro_batch_size, args.temperature, run.autocast)
-
-
-def is_over_budget(run: Run, deviation: float, denominator: float) -> bool:
-    """VACO's test D > delta/2, D = 1/2 sum|r - 1| / tokens over the whole minibatch (all ranks)."""
-    return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
-
-
-def update(run: Run, iteration: int, k: int, batch: dict) -> tuple[dict, int]:
-    """Optimizer step k + 1 of the generation batch, on minibatch k (forward lag k): PPO-clip or VACO's filter, the
-    gradient accumulated micro-batch by micro-batch. Returns the step's record and the tokens this rank trained on."""
-    args, model = run.args, run.model
-    num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
-    denominator = max(num_tokens, 1.0)
-    over_budget = False
-    if args.loss == "vaco" and not run.single_pass and batch["logp_behaviour"] is not None:
-        # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
-        # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
-        with run.timed("prescore"):
-            current = score(model, batch, args.micro_batch_size, args.temperature, run.autocast)
-            deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
-            over_budget = is_over_budget(run, deviation, denominator)
-    training_tokens = 0
-    with run.timed("training"):
-        run.optimizer.zero_grad(set_to_none=True)
-        sums = collections.Counter()
-        for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
-            width = completion_mask.shape[1]
-            with run.autocast():
-                logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
-            selected = batch["loss_mask"][rows, :width]
-            if batch["logp_behaviour"] is None:
-                batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
-            if k == 0 and not args.lag:  # the skipped behaviour pass: log beta is this pass's log pi_theta
-                batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
-            logp = logp[selected]
-            logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
-            token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
-            log_ratio = logp.detach() - logp_behaviour
-            ratio = log_ratio.exp()
-            if args.loss == "vaco" and run.single_pass:
-                over_budget = is_over_budget(run, abs_deviation(log_ratio), denominator)
-            if args.loss == "ppo-clip":
-                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high)
-            else:
-                per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
-            loss = per_token.sum() / denominator
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
-            loss.backward()
-            sums["loss"] += loss.item()
-            sums["abs_dev"] += abs_deviation(log_ratio)
-            sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
-            sums["dropped"] += dropped.sum().item()
-            if args.loss == "vaco":
-                masked_rows, rows_with_tokens = masked_completions(selected, dropped)
-                sums["dropped_completions"] += masked_rows
-                sums["completions"] += rows_with_tokens
-            sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
-            sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
-            sums["entropy"] += entropy[selected].sum().item()
-            training_tokens += int(mask.sum())
-        sum_gradients(run)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
-        run.optimizer.step()
-    run.counters["global_step"] += 1
-    return step_record(run, iteration, k, sums, denominator, grad_norm, over_budget), training_tokens
-
-
-def step_record(run: Run, iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
-    """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
-    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
-    keys += ["dropped_completions", "completions"]
-    totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
-    step = {
-        "step": run.counters["global_step"],
-        "iteration": iteration,
-        "position": k + 1,
-        "policy_loss": totals["loss"],
-        "tv": 0.5 * totals["abs_dev"] / denominator,
-        "approx_kl": totals["approx_kl"] / denominator,
-        "grad_norm": grad_norm,
-        "entropy": totals["entropy"] / denominator,
-        "learning_rate": run.optimizer.param_groups[0]["lr"],
-    }
-    if run.args.loss == "ppo-clip":
-        step["clip_fraction"] = totals["dropped"] / denominator
-        step["clip_ratio_low"] = totals["clip_low"] / denominator
-        step["clip_ratio_high"] = totals["clip_high"] / denominator
-    else:
-        step["filter_fraction"] = totals["dropped"] / denominator
-        step["filter_completion_fraction"] = totals["dropped_completions"] / max(totals["completions"], 1.0)
-        step["over_budget"] = float(over_budget)
-    return step
-
-
-def final_divergence(run: Run, minibatches: list[dict]) -> Optional[float]:
-    """D of the generation batch after its last update (the paper's TV plot), on the first --final-tv-fraction of
-    each minibatch's micro-batches; None with --final-tv-fraction 0."""
-    if not run.final_tv_batches:
-        return None
-    args = run.args
-    run.model.eval()
-    with run.timed("final_tv"):
-        deviation, count = 0.0, 0.0
-        for batch in minibatches:
-            current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
-            scored = batch["loss_mask"].clone()
-            scored[run.final_tv_batches * args.micro_batch_size :] = False
-            deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
-            count += scored.sum().item()
-        deviation, count = run.all_reduce([deviation, count])
-    return 0.5 * deviation / max(count, 1.0)
-
-
-def log_step(run: Run, step: dict):
-    if run.main_process:
-        for key, tag in STEP_TAGS.items():
-            if key in step:
-                run.writer.add_scalar(tag, step[key], run.counters["global_step"])
-
-
-def log_iteration(run: Run, iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv):
-    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
-    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
-    of this rank's training passes."""
-    args, counters = run.args, run.counters
-    counters["tokens_seen"] += int(tokens["sequences"])
-    wall = time.perf_counter() - run.iteration_start
-    record = {
-        "step": counters["global_step"],
-        "iteration": iteration,
-        **rollout,
-        "tokens_seen": counters["tokens_seen"],
-        "staleness": staleness,
-        "tv_backward": steps[0]["tv"],
-        "tv_final": final_tv,
-        "generation_tokens_per_s": tokens["completions"] / run.timers["generation"],
-        "training_tokens_per_s": run.all_reduce([float(tokens["trained"])])[0] / run.timers["training"],
-        "iteration_seconds": wall,
-        "other_seconds": wall - sum(run.timers.values()),
-    }
-    record.update({f"{phase}_seconds": seconds for phase, seconds in run.timers.items()})
-    if args.loss == "vaco":
-        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
-    run.history["steps"] += steps
-    run.history["iterations"].append(record)
-    if not run.main_process:
-        return
-    for key, value in record.items():
-        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
-        if tag and value is not None:
-            run.writer.add_scalar(tag, value, counters["global_step"])
-    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
-    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
-    print(
-        f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
-        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-        f"len {record['response_length']:.0f} tv_final {tv_text} "
-        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
-        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-        f"({time.time() - run.start_time:.0f} s)",
-        flush=True,
-    )
 
 
 # ======================================================================================================================
@@ -1964,62 +2067,8 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
 
 
 # ======================================================================================================================
-# The training loop.
+# The run: claim the folder, start, iterate, finish.
 # ======================================================================================================================
-
-
-def iterate(run: Run) -> Optional[signal.Signals]:
-    """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
-    args = run.args
-    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    run.start_time = time.time()
-    try:
-        if run.eval_rows and run.main_process and (not args.resume or run.restart):
-            evaluate(run)
-        for iteration in range(run.first_iteration, run.num_iterations + 1):
-            run.start_clock()
-            # One generation batch of K minibatches, from a policy of the buffer (backward lag), with GRPO's
-            # advantages and the generating policy's log-probs.
-            staleness = choose_generator(run)
-            generated, references = generate_batch(run)
-            rollout, tokens = rewards_and_advantages(run, generated, references)
-            size = run.local_sequences
-            minibatches = [take_rows(generated, slice(k * size, (k + 1) * size)) for k in range(args.forward_lag)]
-            behaviour_logprobs(run, minibatches)
-
-            # K optimizer steps, one per minibatch: minibatch k (from 0) trains on data k updates old (forward lag).
-            run.model.train()
-            steps, tokens["trained"] = [], 0
-            for k, batch in enumerate(minibatches):
-                step, trained = update(run, iteration, k, batch)
-                log_step(run, step)
-                steps.append(step)
-                tokens["trained"] += trained
-            final_tv = final_divergence(run, minibatches)
-            if args.lag:  # the updated policy joins the buffer
-                with run.timed("buffer"):
-                    run.policy_buffer.append(snapshot(run.model))
-
-            last = iteration == run.num_iterations
-            if run.main_process and run.eval_rows and (iteration % args.eval_every == 0 or last):
-                with run.timed("eval"):
-                    evaluate(run)
-            log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
-            if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-                write_checkpoint(run, iteration)
-    except Interrupted as stop:
-        interrupted = signal.Signals(stop.args[0])
-        if run.main_process:
-            print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
-        return interrupted
-    except FloatingPointError as problem:
-        if run.writer:
-            run.writer.close()
-        raise SystemExit(f"error: {problem}; stopping")
-    finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-    return None
 
 
 def train(args: Args) -> dict:
