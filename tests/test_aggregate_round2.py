@@ -1,18 +1,13 @@
-"""tools/aggregate_round2.py: each question's measures against independent computations, and its answer against
+"""tools/studies/aggregate_round2.py: each question's measures against independent computations, and its answer against
 the criteria of docs/evidence_round2.md on synthetic cells built to satisfy, break or miss each criterion."""
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import trim_mean
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import aggregate  # noqa: E402
-import aggregate_round2 as r2  # noqa: E402
-import run_grid  # noqa: E402
+from tools.grid import aggregate, run_grid, run_records
+from tools.studies import aggregate_round2 as r2
 
 TASKS = list(r2.TASKS2)
 REPS = 400
@@ -45,7 +40,7 @@ def test_window_tv_matches_the_runners_calibration():
     steps = list(range(100, 1001, 100))
     tv = {s: 0.01 * i for i, s in enumerate(steps)}
     args = {"exp_name": "ppo_mujoco", "env_id": "Hopper-v5", "lag": 0, "seed": 1, "total_timesteps": 1000}
-    rec = aggregate.make_record("r", args, {"global_step": 1000}, {"final_tv": tv, "episodic_return": {1000: 1.0}}, [])
+    rec = run_records.make_record("r", args, {"global_step": 1000}, {"final_tv": tv, "episodic_return": {1000: 1.0}}, [])
     final, runs = aggregate.build_tables([rec], log=lambda m: None)
     got = r2.window_tv_table(final, runs).window_tv.iloc[0]
     # steps in (200, 800]: 300..800 -> 0.02..0.07, mean 0.045

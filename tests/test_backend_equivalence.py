@@ -1,4 +1,4 @@
-"""tools/backend_equivalence.py on tiny budgets, in tmp_path (nothing of the checkout's runs/ or results/).
+"""tools/studies/backend_equivalence.py on tiny budgets, in tmp_path (nothing of the checkout's runs/ or results/).
 
 .venv/bin/python -m pytest tests/test_backend_equivalence.py -x -q
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +15,16 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
 pytest.importorskip("envpool")
 torch.set_num_threads(1)
 
-import backend_equivalence as be  # noqa: E402
+from tools.studies import backend_equivalence as be  # noqa: E402
 
 
 def test_intervals():
-    mean, lo, hi, n = be.t_interval([1.0, 2.0, 3.0])
+    mean, lo, hi, n = be.t_bounds([1.0, 2.0, 3.0])
     assert (mean, n) == (2.0, 3) and math.isclose(hi - mean, 4.302652729911275 / math.sqrt(3), rel_tol=1e-9)
-    assert math.isnan(be.t_interval([5.0])[1])
+    assert math.isnan(be.t_bounds([5.0])[1])
     d, dlo, dhi = be.welch_interval([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert d == 0.0 and dlo < 0 < dhi
     assert be.overlap(0, 1, 1, 2) and not be.overlap(0, 1, 1.5, 2)

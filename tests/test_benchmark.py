@@ -1,4 +1,4 @@
-"""tools/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
+"""tools/bench/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
 
 import re
 import subprocess
@@ -11,7 +11,8 @@ def test_benchmark_prints_the_table():
     proc = subprocess.run(
         [
             sys.executable,
-            "tools/benchmark.py",
+            "-m",
+            "tools.bench.benchmark",
             "--env-id",
             "Hopper-v5",
             "--num-envs",

@@ -1,6 +1,6 @@
 """The run folder of vaco_gsm8k.py: which folders a start may use, its claim and lock, atomic writes, a failed start
 undone, what a resume checks, and real faults (a full disk in a tmpfs, no wandb login, Ctrl-C). The tiny offline setup
-of tests/fixtures_gsm8k; the command-line cases run the script in a subprocess, the rest in this process."""
+of tools/tiny_gsm8k.py; the command-line cases run the script in a subprocess, the rest in this process."""
 
 import dataclasses
 import errno
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+from tools.tiny_gsm8k import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -1,5 +1,5 @@
-"""The GSM8k tools: the forward-lag runner (tools/gsm8k_forward_lag.py) and the GPU check (tools/gsm8k_gpu_check.py),
-on tiny models in seconds."""
+"""The GSM8k tools: the forward-lag runner (tools/studies/gsm8k_forward_lag.py) and the GPU check
+(tools/bench/gsm8k_gpu_check.py), on tiny models in seconds."""
 
 import json
 import os
@@ -11,12 +11,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import gsm8k_forward_lag as FL  # noqa: E402
-import gsm8k_gpu_check as GC  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+from tools.bench import gsm8k_gpu_check as GC  # noqa: E402
+from tools.studies import gsm8k_forward_lag as FL  # noqa: E402
+from tools.tiny_gsm8k import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
 

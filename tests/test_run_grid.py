@@ -1,4 +1,4 @@
-"""Tests of round 2 of the evidence grid in tools/run_grid.py: its command lines, the calibration rule of the
+"""Tests of round 2 of the evidence grid in tools/grid/run_grid.py: its command lines, the calibration rule of the
 TV-matched PPO on synthetic records, the refusal of tier 5 before the calibration is complete, and `--commit`.
 
     .venv/bin/python -m pytest tests/test_run_grid.py -q
@@ -19,20 +19,19 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+from tools.grid import run_grid, run_records
 
-import aggregate  # noqa: E402
-import run_grid  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TASKS = ("Hopper-v5", "Walker2d-v5")
 SHAPE = "--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform --env-backend gymnasium"
 
 
 def runner(*argv, env=None):
-    """The runner in a subprocess, from an empty folder: run folders under ./runs (on a machine that ran the grid)
-    would otherwise count as finished runs and turn dry-run lines into "would skip"."""
-    cmd = [sys.executable, str(REPO / "tools" / "run_grid.py"), *argv]
+    """The runner in a subprocess, from an empty folder (the repository on PYTHONPATH): run folders under ./runs (on
+    a machine that ran the grid) would otherwise count as finished runs and turn dry-run lines into "would skip"."""
+    cmd = [sys.executable, "-m", "tools.grid.run_grid", *argv]
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(REPO))
     with tempfile.TemporaryDirectory() as empty:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=empty)
 
@@ -68,8 +67,8 @@ def put_record(folder: Path, name: str, algo: str, task: str, seed: int, tv: dic
     args = {"exp_name": algo, "env_id": task, "lag": 0, "seed": seed, "total_timesteps": T, "lag_mode": "uniform"}
     args.update(extra_args or {})
     summary = {"global_step": T} if finished else None
-    rec = aggregate.make_record(name, args, summary, {"final_tv": tv, "episodic_return": {T: 1.0}}, [], algo)
-    aggregate.write_record(rec, folder / f"{name}.json.gz")
+    rec = run_records.make_record(name, args, summary, {"final_tv": tv, "episodic_return": {T: 1.0}}, [], algo)
+    run_records.write_record(rec, folder / f"{name}.json.gz")
 
 
 # VACO's window TV at lag 0 per task, and PPO's per (clip, task). Outside the window the values are chosen so that
@@ -110,7 +109,7 @@ def write_calibration(parent: Path, skip=(), early=None, late=None, name=None):
 def test_window_tv_by_hand(tmp_path):
     tv = {D: 9.0, 2 * D: 9.0, 3 * D: 1.0, 5 * D: 2.0, 8 * D: 6.0, 9 * D: 9.0, T: 9.0}
     put_record(tmp_path, "r", "ppo", "Hopper-v5", 1, tv)
-    rec = aggregate.read_record(tmp_path / "r.json.gz")
+    rec = run_records.read_record(tmp_path / "r.json.gz")
     assert run_grid.window_tv(rec) == pytest.approx(3.0)  # steps 3 D, 5 D, 8 D: (1 + 2 + 6) / 3
     assert run_grid.window_tv(rec, (0.9, 1.0)) == pytest.approx(9.0)
 
@@ -303,7 +302,7 @@ def sweep_cells(path: Path) -> tuple[str, set]:
     for combo in itertools.product(*choices):
         p = dict(zip(names, combo))
         assert all(p[k] == v for k, v in shape.items()), path.name
-        label = aggregate.algo_label({"exp_name": p.get("exp_name", f"{script}_mujoco"), **p})
+        label = run_records.algo_label({"exp_name": p.get("exp_name", f"{script}_mujoco"), **p})
         flags = tuple(sorted((k, v) for k, v in p.items() if k in ("clip_coef", "update_epochs", "norm_adv", "clip_vloss")))
         cells.add((label, p["env_id"], p["lag"], p["seed"], flags))
     return script, cells

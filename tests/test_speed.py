@@ -90,11 +90,10 @@ def test_scale_rewards_is_the_step_by_step_arithmetic(num_envs):
 
 def test_compare_sb3_scores_sb3_episodes_like_our_logs():
     """SB3's episodes are grouped into 2048-step rollouts, each rollout's mean logged at its last step (as
-    ppo_mujoco.py logs charts/episodic_return), then tools/aggregate.py's last-10% window. Hand-worked: the
+    ppo_mujoco.py logs charts/episodic_return), then tools/grid/aggregate.py's last-10% window. Hand-worked: the
     episodes end at steps 1000, 2000, 2100, 5100, 7100, 8192, in rollouts 0, 0, 1, 2, 3, 3; of the rollout ends
     2048, 4096, 6144, 8192 only 8192 is past 0.9 x 8192, so the score is the mean of rollout 3's episodes."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from compare_sb3 import final_score_of_episodes
+    from tools.studies.compare_sb3 import final_score_of_episodes
 
     lengths, returns = [1000, 1000, 100, 3000, 2000, 1092], [1.0, 2.0, 3.0, 4.0, 5.0, 7.0]
     assert final_score_of_episodes(returns, lengths, 8192) == pytest.approx(6.0)
@@ -108,8 +107,8 @@ def test_compare_sb3_scores_sb3_episodes_like_our_logs():
 @pytest.mark.skipif(not os.environ.get("SB3_PYTHON"), reason="set SB3_PYTHON to a Python with stable_baselines3")
 def test_compare_sb3_prints_the_ratio():
     proc = subprocess.run(
-        [sys.executable, "tools/compare_sb3.py", "--sb3-python", os.environ["SB3_PYTHON"], "--total-timesteps", "2048"]
-        + ["--repeats", "1"],
+        [sys.executable, "-m", "tools.studies.compare_sb3", "--sb3-python", os.environ["SB3_PYTHON"]]
+        + ["--total-timesteps", "2048", "--repeats", "1"],
         cwd=ROOT,
         env=SUBPROCESS_ENV,
         capture_output=True,
@@ -126,7 +125,7 @@ def test_compare_sb3_prints_the_ratio():
 
 def test_compare_sb3_needs_a_python_with_sb3():
     proc = subprocess.run(
-        [sys.executable, "tools/compare_sb3.py", "--sb3-python", sys.executable, "--total-timesteps", "2048"],
+        [sys.executable, "-m", "tools.studies.compare_sb3", "--sb3-python", sys.executable, "--total-timesteps", "2048"],
         cwd=ROOT,
         env=SUBPROCESS_ENV,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""Tests of the experiment tooling: wandb sweep configs, tools/run_grid.py and tools/aggregate.py.
+"""Tests of the experiment tooling: wandb sweep configs, tools/grid/run_grid.py and tools/grid/aggregate.py.
 
     .venv/bin/python -m pytest tests/test_tooling.py -q
 
@@ -27,12 +27,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+from tools.grid import aggregate, aggregate_figures, run_grid, run_records
 
-import aggregate  # noqa: E402
-import aggregate_figures  # noqa: E402
-import run_grid  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 SCRIPTS = ("ppo_mujoco.py", "vaco_mujoco.py", "spo_mujoco.py", "impala_mujoco.py")
@@ -171,8 +168,8 @@ def test_runner_command_lines_accepted_by_scripts(label, tmp_path):
     # aggregate.py labels the run the same way whether it came from the runner (exp_name = label) or from a
     # wandb sweep (exp_name = the script's default, ablation read from the flags)
     parsed = dataclasses.asdict(args)
-    assert aggregate.algo_label(parsed) == f"{label}[fixed]"
-    assert aggregate.algo_label(dict(parsed, exp_name=Path(run.cmd[1]).stem)) == f"{label}[fixed]"
+    assert run_records.algo_label(parsed) == f"{label}[fixed]"
+    assert run_records.algo_label(dict(parsed, exp_name=Path(run.cmd[1]).stem)) == f"{label}[fixed]"
 
 
 # ------------------------------------------------------------------------------------------ grid runner
@@ -243,8 +240,8 @@ json.dump({"global_step": T, "final_return": base, "start": t0, "end": time.time
 
 
 def run_runner(argv, timeout=120):
-    cmd = [sys.executable, str(REPO / "tools" / "run_grid.py"), *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "tools.grid.run_grid", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def fake_argv(tmp_path, algos, seeds=("1", "2"), lags=("2",), steps="1000", extra=()):
@@ -287,7 +284,7 @@ def test_run_grid_records_and_resume(tmp_path):
     assert any(a["start"] < b["end"] and b["start"] < a["end"] for a, b in itertools.combinations(spans, 2)), "no overlap"
 
     # the record holds what the tables need, and nothing machine-specific
-    r = aggregate.read_record(records / "Hopper-v5__vaco-nofilter__lag2__s2.json.gz")
+    r = run_records.read_record(records / "Hopper-v5__vaco-nofilter__lag2__s2.json.gz")
     assert (r["algo"], r["task"], r["lag"], r["seed"], r["finished"]) == ("vaco-nofilter", "Hopper-v5", 2, 2, True)
     assert r["scalars"]["step"] == list(range(100, 1001, 100)) and r["eval_returns"] == [1.0, 2.0, 6.0]
     assert r["scalars"]["episodic_return"][-1] == 225.0 and "run_dir" not in r["args"]
@@ -328,8 +325,8 @@ def test_run_grid_writes_records_of_finished_folders_and_max_runs(tmp_path):
         "Hopper-v5__ppo__lag2__s2.json.gz",
     ]
     # A budget that has run out before the first start starts nothing; one that has room starts the last run.
-    # (Budgets far from the runner's own start-up time, which takes seconds on a slow or loaded machine.)
-    spent = run_runner(argv + ["--time-budget", "0.001s"])
+    # (The budget counts from the runner's start; 1 µs is spent on reading the run folders before the first start.)
+    spent = run_runner(argv + ["--time-budget", "0.000001s"])
     assert spent.returncode == 0 and "1 not started within the --time-budget" in spent.stdout
     assert len(list(records.glob("*.gz"))) == 2
     third = run_runner(argv + ["--time-budget", "10m"])
@@ -342,7 +339,7 @@ def test_run_grid_resume_unfinished(tmp_path):
     run_dir = tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1"
     assert run_runner(argv + ["--", "--fail"]).returncode == 1 and (run_dir / "args.json").exists()  # left unfinished
     resumed = run_runner(argv + ["--resume-unfinished"])
-    assert resumed.returncode == 0 and (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+    assert resumed.returncode == 0 and (run_dir / "resumed").exists() and run_records.is_finished(run_dir)
     log = (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
     assert "--fail" in log and "--resume" in log  # the log of both attempts
     assert (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").exists()
@@ -350,7 +347,7 @@ def test_run_grid_resume_unfinished(tmp_path):
     (tmp_path / "records" / "Hopper-v5__ppo__lag2__s1.json.gz").unlink()
     (run_dir / "summary.json").unlink()
     again = run_runner(argv)  # without the flag: started over, the script deleting what its run wrote
-    assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_grid.is_finished(run_dir)
+    assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_records.is_finished(run_dir)
     assert "--overwrite" in (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
 
 
@@ -359,7 +356,8 @@ def test_run_grid_signal_leaves_no_process(tmp_path, sig):
     argv = fake_argv(tmp_path, ["ppo"], seeds=("1", "2", "3"), lags=("0",), steps="100", extra=["--sleep", "60", "--spawn"])
     out = tmp_path / "grid"
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tools" / "run_grid.py"), *argv],
+        [sys.executable, "-m", "tools.grid.run_grid", *argv],
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -389,7 +387,7 @@ def test_run_grid_signal_leaves_no_process(tmp_path, sig):
     summaries = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert len(summaries) == 2 and all(s == {"interrupted": True} for s in summaries)
     assert not (tmp_path / "records").exists()
-    assert not any(run_grid.is_finished(d) for d in out.iterdir())
+    assert not any(run_records.is_finished(d) for d in out.iterdir())
 
 
 def test_tiers(tmp_path):
@@ -501,7 +499,7 @@ def synthetic_record(algo, task, lag, seed, norm_score, finished=True, steps=Non
         args.update(tv_threshold=0.2, rho_bar=1.0, realign=algo != "vaco-norealign", filter=algo != "vaco-nofilter")
     summary = {"global_step": T, "final_return": final} if finished else None
     scalars = {"episodic_return": ret, "final_tv": tv, "backward_tv": {s: 0.02 * lag for s in steps}}
-    return aggregate.make_record(f"{task}__{algo}__lag{lag}__s{seed}", args, summary, scalars, [1.0, 2.0, 6.0])
+    return run_records.make_record(f"{task}__{algo}__lag{lag}__s{seed}", args, summary, scalars, [1.0, 2.0, 6.0])
 
 
 @pytest.fixture(scope="module")
@@ -510,11 +508,11 @@ def synthetic(tmp_path_factory):
     for algo, lag in BASE:
         for task in REF:
             for seed in SEEDS:
-                aggregate.write_record(
+                run_records.write_record(
                     synthetic_record(algo, task, lag, seed, score(algo, lag, task, seed)),
                     root / "g" / f"{task}__{algo}__lag{lag}__s{seed}.json.gz",
                 )
-    aggregate.write_record(synthetic_record("ppo", "TaskA-v0", 0, 7, 9.0, finished=False), root / "g" / "unfinished.json.gz")
+    run_records.write_record(synthetic_record("ppo", "TaskA-v0", 0, 7, 9.0, finished=False), root / "g" / "unfinished.json.gz")
     ref = root / "reference.csv"
     ref.write_text(
         "# test table\nenv_id,random_return,reference_return\n" + "".join(f"{k},{lo},{hi}\n" for k, (lo, hi) in REF.items())
@@ -641,12 +639,12 @@ def test_verdict(synthetic, tmp_path, monkeypatch):
     # Flip the grid: VACO loses more than PPO and ends below it -> refuted
     g = tmp_path / "g"
     for f in (root / "g").glob("*.json.gz"):
-        rec = aggregate.read_record(f)
+        rec = run_records.read_record(f)
         if rec["algo"] == "vaco" and rec["lag"] == 8:
             rec["scalars"]["episodic_return"] = [
                 -500.0 if v == -500.0 else v - 60.0 for v in rec["scalars"]["episodic_return"]
             ]
-        aggregate.write_record(rec, g / f.name)
+        run_records.write_record(rec, g / f.name)
     flipped = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=100, curve_reps=10, plots=False, log=lambda m: None)
     holds = flipped["verdict_table"].set_index("kind").holds
     assert flipped["verdict"] == "refuted" and holds["refuting"].tolist() == [True, True]
@@ -658,7 +656,8 @@ def test_verdict(synthetic, tmp_path, monkeypatch):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "tools" / "aggregate.py"),
+            "-m",
+            "tools.grid.aggregate",
             str(g),
             "--reference",
             str(ref),
@@ -674,6 +673,7 @@ def test_verdict(synthetic, tmp_path, monkeypatch):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=REPO,
     )
     assert (
         proc.returncode == 0
@@ -691,7 +691,7 @@ def test_deciles_post_hoc(tmp_path):
         rec = synthetic_record("vaco", "TaskA-v0", 8, seed, 0.5, steps=steps)
         for c, v in cols.items():
             rec["scalars"][c] = [float(x) for x in v]
-        aggregate.write_record(rec, g / f"{seed}.json.gz")
+        run_records.write_record(rec, g / f"{seed}.json.gz")
     ref = tmp_path / "ref.csv"
     ref.write_text("env_id,random_return,reference_return\nTaskA-v0,0,100\n")
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=5, log=lambda m: None)
@@ -735,7 +735,7 @@ def test_curves_at_logged_points_only(tmp_path):
     steps = {1: [100, 300, 500, 1000], 2: [100, 200, 500, 1000], 3: [100, 500, 700, 1000]}  # common: 100, 500, 1000
     for seed, st in steps.items():
         rec = synthetic_record("ppo", "TaskA-v0", 0, seed, 0.5, steps=st)
-        aggregate.write_record(rec, g / f"{seed}.json.gz")
+        run_records.write_record(rec, g / f"{seed}.json.gz")
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=20, log=lambda m: None)
     c = res["curves"]
     assert c.step.tolist() == [100, 500, 1000] and c.iqm.tolist() == pytest.approx([-5.0, -5.0, 0.4])
@@ -806,7 +806,7 @@ def test_sources_legacy_and_run_folders(tmp_path):
             "value_loss": [1.0, 1.0, 1.0],
         }
     ).to_csv(legacy / "runs.csv", index=False)
-    (rec,) = aggregate.collect_records([legacy])
+    (rec,) = run_records.collect_records([legacy])
     assert (rec["algo"], rec["name"], rec["args"]["num_envs"], rec["summary"]["eval_return"]) == (
         "ppo[fixed]",
         "Hopper-v5__ppo__lag8-fixed__s1",
@@ -815,34 +815,34 @@ def test_sources_legacy_and_run_folders(tmp_path):
     )
     row, _ = aggregate.record_frames(rec)
     assert row["final_return"] == 15.0 and row["final_tv"] == pytest.approx(0.15) and row["eval_return"] == 7.0
-    exported = aggregate.export_records([rec], tmp_path / "rec")
-    assert aggregate.read_record(exported[0]) == rec and aggregate.export_records([rec], tmp_path / "rec") == []
+    exported = run_records.export_records([rec], tmp_path / "rec")
+    assert run_records.read_record(exported[0]) == rec and run_records.export_records([rec], tmp_path / "rec") == []
     data = exported[0].read_bytes()
-    aggregate.write_record(rec, exported[0])
+    run_records.write_record(rec, exported[0])
     assert exported[0].read_bytes() == data  # byte-reproducible
     # the tool's own output folder is not mistaken for a source, and an interrupted run is not finished
     res = aggregate.aggregate(
         [legacy], tmp_path / "out", normalization="none", reps=20, curve_reps=10, plots=False, log=lambda m: None
     )
-    assert len(aggregate.collect_records([tmp_path / "out"], log=lambda m: None)) == 0 and len(res["final"]) == 1
+    assert len(run_records.collect_records([tmp_path / "out"], log=lambda m: None)) == 0 and len(res["final"]) == 1
     run = tmp_path / "run"
     run.mkdir()
     (run / "args.json").write_text(
         json.dumps({"exp_name": "vaco_mujoco", "env_id": "Hopper-v5", "seed": 3, "lag": 4, "run_dir": "/x"})
     )
     (run / "summary.json").write_text(json.dumps({"global_step": 10, "interrupted": True}))
-    assert not aggregate.is_finished(run) and aggregate.collect_records([run], log=lambda m: None) == []
-    (r,) = aggregate.collect_records([run], include_unfinished=True, log=lambda m: None)
+    assert not run_records.is_finished(run) and run_records.collect_records([run], log=lambda m: None) == []
+    (r,) = run_records.collect_records([run], include_unfinished=True, log=lambda m: None)
     assert (r["algo"], r["lag"], r["finished"], r["scalars"]) == ("vaco", 4, False, {"step": []})
 
 
 def test_mixed_env_backends_are_flagged(tmp_path):
     for name, backend in (("a", "gymnasium"), ("b", "envpool"), ("c", None)):
         args = {"exp_name": "ppo_mujoco", "env_id": "Hopper-v5", "seed": 1, **({"env_backend": backend} if backend else {})}
-        aggregate.write_record(aggregate.make_record(name, args, {}, {}, []), tmp_path / name / "r.json.gz")
+        run_records.write_record(run_records.make_record(name, args, {}, {}, []), tmp_path / name / "r.json.gz")
     for folders, expected in ((["a", "c"], []), (["b"], []), (["a", "b", "c"], ["envpool, gymnasium"])):
         logged = []
-        aggregate.collect_records([tmp_path / f for f in folders], log=logged.append)
+        run_records.collect_records([tmp_path / f for f in folders], log=logged.append)
         assert [m.split("(")[1].split(")")[0] for m in logged if "backends" in m] == expected
 
 
@@ -855,12 +855,12 @@ def test_cli_defaults_stay_out_of_tracked_folders():
 
 def test_algo_labels():
     base = {"exp_name": "vaco_mujoco", "tv_threshold": 0.2, "rho_bar": 1.0, "realign": True, "filter": True}
-    assert aggregate.algo_label(base) == "vaco"
-    assert aggregate.algo_label(dict(base, realign=False, filter=False)) == "vaco-norealign-nofilter"
-    assert aggregate.algo_label(dict(base, tv_threshold=0.05)) == "vaco-delta0.05"
-    assert aggregate.algo_label(dict(base, rho_bar=2.0, lag_mode="fixed")) == "vaco-rhobar2[fixed]"
-    assert aggregate.algo_label({"exp_name": "spo_mujoco"}) == "spo"
-    assert aggregate.algo_label({"exp_name": "my-variant"}) == "my-variant"
+    assert run_records.algo_label(base) == "vaco"
+    assert run_records.algo_label(dict(base, realign=False, filter=False)) == "vaco-norealign-nofilter"
+    assert run_records.algo_label(dict(base, tv_threshold=0.05)) == "vaco-delta0.05"
+    assert run_records.algo_label(dict(base, rho_bar=2.0, lag_mode="fixed")) == "vaco-rhobar2[fixed]"
+    assert run_records.algo_label({"exp_name": "spo_mujoco"}) == "spo"
+    assert run_records.algo_label({"exp_name": "my-variant"}) == "my-variant"
 
 
 def test_reference_table_committed():

@@ -1,5 +1,5 @@
 """Tests for vaco_gsm8k.py, fully offline: a tiny random causal LM and a character-level tokenizer
-built in code (tests/fixtures_gsm8k/tiny_setup.py), saved to a temp folder and loaded through the
+built in code (tools/tiny_gsm8k.py), saved to a temp folder and loaded through the
 script's own loading path, and a GSM8k-schema JSONL written by the tests."""
 
 import copy
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import PROBLEMS, digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+from tools.tiny_gsm8k import PROBLEMS, digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -792,7 +792,7 @@ def test_filter_completion_fraction_is_logged_and_zero_when_nothing_is_masked(ti
 
 def test_at_k1_ppo_clip_and_vaco_are_the_same_run(tiny, tmp_path, toy_reward):
     """r = 1 exactly at K = 1 (no lag): nothing is clipped or filtered and the updates coincide, which is why
-    tools/gsm8k_forward_lag.py makes that run once for both losses."""
+    tools/studies/gsm8k_forward_lag.py makes that run once for both losses."""
     runs = {
         loss: V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / loss), loss=loss, num_iterations=3))
         for loss in ("ppo-clip", "vaco")
@@ -934,8 +934,7 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
 
 
 def test_arith_task_is_gsm8k_schema_deterministic_and_disjoint(tmp_path):
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_arith_task import make_task
+    from tools.studies.make_arith_task import make_task
 
     train, test = make_task(str(tmp_path / "a"), 300, 50, seed=3)
     again, _ = make_task(str(tmp_path / "b"), 300, 50, seed=3)
@@ -952,16 +951,18 @@ def test_arith_task_is_gsm8k_schema_deterministic_and_disjoint(tmp_path):
 
 
 def test_proxy_tool_parallel_workers_match_one_worker_and_resume(tmp_path):
-    """tools/gsm8k_proxy_task.py end to end, tiny: --workers 2 gives the runs of --workers 1 (each run is
+    """tools/studies/gsm8k_proxy_task.py end to end, tiny: --workers 2 gives the runs of --workers 1 (each run is
     seeded and single-threaded), and a rerun into the same --work reuses every finished run."""
     import csv
 
     def tool(out, work, workers):
-        cmd = [sys.executable, str(ROOT / "tools" / "gsm8k_proxy_task.py"), "--out", str(out), "--work", str(work)]
+        cmd = [sys.executable, "-m", "tools.studies.gsm8k_proxy_task", "--out", str(out), "--work", str(work)]
         cmd += ["--lags", "1", "2", "--seeds", "1", "--total-steps", "2", "--sft-max-steps", "2"]
         cmd += ["--prompts-per-step", "2", "--num-generations", "4", "--eval-every", "2", "--eval-size", "4"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd + ["--workers", str(workers)], capture_output=True, text=True, timeout=600, env=env)
+        proc = subprocess.run(
+            cmd + ["--workers", str(workers)], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out / "runs.csv") as handle:
             return list(csv.DictReader(handle)), json.loads((out / "setup.json").read_text())
@@ -989,8 +990,7 @@ def test_proxy_tool_parallel_workers_match_one_worker_and_resume(tmp_path):
 def test_proxy_summary_table_hand_worked():
     """summary.md: late accuracy = the mean of the evaluations from step total/2 on, per seed, then the mean
     and t-interval over seeds; the change is late minus start."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from gsm8k_proxy_task import summary_markdown
+    from tools.studies.gsm8k_proxy_task import summary_markdown
 
     row = dict(loss="vaco", K=2, accuracy_start=0.2, dropped_fraction=0.01, tv_final=0.02)
     runs = [

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Run a grid of the MuJoCo scripts (algorithm x task x lag x seed) on one machine, in resumable chunks.
 
-    python tools/run_grid.py --tier 1 --workers 2 --time-budget 3h       # the evidence grid's Tier 1, 3 hours of it
-    python tools/run_grid.py --tier 1 2 3 --workers 2 --max-runs 20      # the next 20 runs of all three tiers
-    python tools/run_grid.py --algos ppo vaco spo impala --envs Hopper-v5 HalfCheetah-v5 \
+    python -m tools.grid.run_grid --tier 1 --workers 2 --time-budget 3h       # the evidence grid's Tier 1, 3 hours of it
+    python -m tools.grid.run_grid --tier 1 2 3 --workers 2 --max-runs 20      # the next 20 runs of all three tiers
+    python -m tools.grid.run_grid --algos ppo vaco spo impala --envs Hopper-v5 HalfCheetah-v5 \
         --lags 0 4 8 --seeds 1 2 3 --total-timesteps 200000 --workers 2 --out runs/grid \
         --records results/records/mygrid -- --num-envs 8 --num-steps 256    # flags after `--` go to every run
 
@@ -45,7 +45,7 @@ Round 2's tiers run one after another (4, 5, 6, 7, 8), each seed-major: each ans
 Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1`, `--torch-threads 1` and `--env-threads 1` (EnvPool's
 worker threads), so `--workers N` uses about N cores.
 
-Algorithm labels (`--algos`); the label becomes the run's `--exp-name`, which `tools/aggregate.py` uses to
+Algorithm labels (`--algos`); the label becomes the run's `--exp-name`, which `tools/grid/aggregate.py` uses to
 group runs:
   ppo, vaco, spo, impala                  the four scripts with their defaults
   vaco-nofilter, vaco-norealign,          VACO ablations (realignment off, filter off, both off)
@@ -76,7 +76,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tools.grid.run_records import is_finished, read_record, record_from_run_dir, write_record
+
+REPO = Path(__file__).resolve().parents[2]
 BASE_ALGOS = ("ppo", "vaco", "spo", "impala")
 # The standard VACO ablation set: filter / realignment off, the delta sweep and the rho-bar sweep.
 ABLATIONS = (
@@ -124,13 +126,6 @@ TIER_TIMESTEPS = 500_000
 # The committed records were made with gymnasium's SyncVectorEnv (the scripts' default then): a rerun stays on it.
 TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", "--lag-mode", "uniform"]
 TIER_FLAGS += ["--env-backend", "gymnasium"]
-
-
-def is_finished(run_dir: Path) -> bool:
-    """A run is finished when its summary.json exists and does not mark it as interrupted (aggregate.py's rule)."""
-    import aggregate  # pandas: imported only when needed
-
-    return aggregate.is_finished(run_dir)
 
 
 @dataclass
@@ -275,13 +270,10 @@ class Calibration:
 
 
 def _records(folder: Path) -> list[dict]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import aggregate
-
     out = []
     for f in sorted(Path(folder).glob("*.json.gz")):
         try:
-            rec = aggregate.read_record(f)
+            rec = read_record(f)
         except (OSError, ValueError):
             continue
         if rec.get("finished"):
@@ -293,7 +285,7 @@ def calibrate(records_parent, total_timesteps=TIER_TIMESTEPS) -> Calibration:
     """Apply the calibration rule to the records in `records_parent`/tier4 (PPO at lag 0 with each candidate
     --clip-coef, seeds 101-103) against VACO at lag 0 in `records_parent`/tier1 (seeds 1-10). Records are matched
     by their arguments (script, --clip-coef, task, lag, seed, budget), not by file name, so records of the same
-    runs made elsewhere (e.g. by the wandb sweep, exported with tools/aggregate.py) count too."""
+    runs made elsewhere (e.g. by the wandb sweep, exported with tools/grid/aggregate.py) count too."""
     import numpy as np
 
     parent = Path(records_parent)
@@ -457,12 +449,9 @@ def _raise_stop(signum, frame):
     raise Stop(signum)
 
 
-def write_record(run: Run) -> None:
-    """Write the finished run's record (tools/aggregate.py defines the format)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import aggregate
-
-    aggregate.write_record(aggregate.record_from_run_dir(run.run_dir), run.record)
+def save_record(run: Run) -> None:
+    """Write the finished run's record (tools/grid/run_records.py defines the format)."""
+    write_record(record_from_run_dir(run.run_dir), run.record)
 
 
 def commit_record(path: Path, message: str) -> str | None:
@@ -545,7 +534,7 @@ def run_grid(opts) -> int:
             late_records.append(r)  # finished before records were asked for: write its record now
     for r in late_records:
         try:
-            write_record(r)
+            save_record(r)
         except Exception as e:  # reported, and the run is left as it is
             print(f"[grid] warning: no record for {r.run_dir}: {type(e).__name__}: {e}", flush=True)
     held_back = 0
@@ -607,7 +596,7 @@ def run_grid(opts) -> int:
                     why = "exit code 0 but no finished summary.json"
                 elif r.record is not None:
                     try:
-                        write_record(r)
+                        save_record(r)
                     except Exception as e:
                         why = f"record not written: {type(e).__name__}: {e}"
                 if why is None:
@@ -663,12 +652,17 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def parse_args(argv=None):
+def split_at_dashes(argv=None) -> tuple[list[str], list[str]]:
+    """(the tool's own arguments, the flags after `--` that go to every training run)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
+
+
+def parse_args(argv=None):
+    argv, extra = split_at_dashes(argv)
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Flags after `--` are passed to every run. See the module docstring (top of this file) for details.",

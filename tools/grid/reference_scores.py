@@ -1,5 +1,5 @@
 """The reference table that normalises scores: random-policy returns measured here, CleanRL PPO's returns at 8M steps
-(`python tools/aggregate.py --measure-random [ENV ...] --write` measures and rewrites it)."""
+(`python -m tools.grid.aggregate --measure-random [ENV ...] --write` measures and rewrites it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DEFAULT_REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference_scores.csv"
+DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference_scores.csv"
 
 # CleanRL ppo_continuous_action_8M (tag v1.0.0-13-gcbd83f6), 8M steps, 10 seeds, MuJoCo v4: the mean of the
 # per-run final returns. Source: vwxyzjn/cleanrl docs/rl-algorithms/rpo.md ("MuJoCo v4" tab; Pusher-v4 is the
@@ -30,7 +30,7 @@ REFERENCE_ENVS = [f"{name}-{v}" for name in CLEANRL_PPO_8M for v in ("v4", "v5")
 REFERENCE_HEADER = """\
 # Reference returns for score normalisation: normalized = (return - random_return) / (reference_return - random_return).
 # random_return: mean undiscounted return of uniformly random actions (env.action_space.sample()), measured on this
-#   machine with gymnasium 1.4.0 + mujoco 4.0.0 by `python tools/aggregate.py --measure-random --write`
+#   machine with gymnasium 1.4.0 + mujoco 4.0.0 by `python -m tools.grid.aggregate --measure-random --write`
 #   (random_episodes episodes, reset seeds seed..seed+episodes-1, action-space seed `seed`).
 # reference_return: CleanRL ppo_continuous_action (tag v1.0.0-13-gcbd83f6) after 8M steps, mean over 10 seeds,
 #   MuJoCo v4, from vwxyzjn/cleanrl docs/rl-algorithms/rpo.md ("MuJoCo v4" tab). The same v4 number is used for

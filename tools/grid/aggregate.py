@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Aggregate MuJoCo runs (committed run records, or run folders) into tables, figures and a verdict.
 
-    python tools/aggregate.py --verdict --out results/evidence_grid_500k   # regenerate the evidence grid's results
-    python tools/aggregate.py results/records/tier1 runs/grid   # records and/or run folders (default: tier1..3)
-    python tools/aggregate.py runs/grid --export-records results/records/mygrid   # run folders -> records
-    python tools/aggregate.py --measure-random [ENV ...] [--episodes 20] [--write]  # random-policy returns
+    python -m tools.grid.aggregate --verdict --out results/evidence_grid_500k   # regenerate the evidence grid's results
+    python -m tools.grid.aggregate results/records/tier1 runs/grid   # records and/or run folders (default: tier1..3)
+    python -m tools.grid.aggregate runs/grid --export-records results/records/mygrid   # run folders -> records
+    python -m tools.grid.aggregate --measure-random [ENV ...] [--episodes 20] [--write]  # random-policy returns
 
 Definitions (every table and figure states the ones it uses):
 * Final score: the mean logged training return over the last 10% of steps (steps > 0.9 x the final step; the last
@@ -21,8 +21,8 @@ Definitions (every table and figure states the ones it uses):
 * Learning curves: at the steps every run of the curve logged (at most --curve-points), never interpolated.
 
 Outputs: final.csv, runs.csv, per_task.csv, aggregate.csv, degradation.csv, ablation.csv, deciles.csv, iqm_curves.csv,
-probability_of_improvement.csv, verdict.md and the figures (tools/aggregate_figures.py). The run-record format is
-tools/run_records.py; the normalisation table, tools/reference_scores.py.
+probability_of_improvement.csv, verdict.md and the figures (tools/grid/aggregate_figures.py). The run-record format is
+tools/grid/run_records.py; the normalisation table, tools/grid/reference_scores.py.
 """
 
 from __future__ import annotations
@@ -33,15 +33,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from reference_scores import DEFAULT_REFERENCE, REFERENCE_ENVS, load_reference, measure_random, write_reference
 from rliable import library as rly
 from rliable import metrics
-from run_records import RECORD_COLUMNS, VACO_DEFAULTS, collect_records, export_records
 
-# Re-exported: the other tools and the tests read and write records through this module.
-from run_records import algo_label, is_finished, make_record, read_record, record_from_run_dir, write_record  # noqa: F401
+from tools.grid.reference_scores import DEFAULT_REFERENCE, REFERENCE_ENVS, load_reference, measure_random, write_reference
+from tools.grid.run_records import RECORD_COLUMNS, VACO_DEFAULTS, collect_records, export_records
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCES = [REPO / "results" / "records" / f"tier{i}" for i in (1, 2, 3)]
 DEFAULT_OUT = "runs/aggregate"
 FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
@@ -531,7 +529,7 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
         ref, norm = load_reference(reference), NORM_DEF
         missing = sorted(set(final["task"]) - set(ref.index))
         if missing:
-            add = f"`tools/aggregate.py --measure-random {' '.join(missing)} --write`"
+            add = f"`python -m tools.grid.aggregate --measure-random {' '.join(missing)} --write`"
             raise SystemExit(
                 f"error: no reference scores for {missing} in {reference}; add them with {add} or use --normalization none"
             )
@@ -576,7 +574,7 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
     (out / "verdict.md").write_text(md)
     written.append("verdict.md")
     if plots:
-        import aggregate_figures
+        from tools.grid import aggregate_figures
 
         written += aggregate_figures.make_figures(
             label,

@@ -12,12 +12,12 @@ SB3 is a peer, not a dependency: it runs from another Python environment (--sb3-
 Both report steps per second over training alone (rollouts and updates; not start-up), one torch thread each, by
 wall clock and per CPU-second (which a busy shared machine distorts far less).
 Runs alternate between the two, so that drift on a shared machine hits both alike; the table gives the medians
-and the ratio per pair. Learning is compared with the repository's one final score (tools/aggregate.py): the
+and the ratio per pair. Learning is compared with the repository's one final score (tools/grid/aggregate.py): the
 mean training episodic return over the last 10% of steps, from the per-rollout means of the episodes that
 ended in each 2048-step rollout, for both (SB3's episodes are grouped into its rollouts the same way). Learning
 needs a few seeds of 200k steps (`--total-timesteps 200000`); short runs are a smoke check.
 
-Usage: python tools/compare_sb3.py --sb3-python ~/sb3/bin/python --total-timesteps 40960 --repeats 3
+Usage: python -m tools.studies.compare_sb3 --sb3-python ~/sb3/bin/python --total-timesteps 40960 --repeats 3
 """
 
 import argparse
@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from aggregate import SCORE_DEF, record_frames, record_from_run_dir, window_mean  # noqa: E402  (one score definition)
+from tools.grid.aggregate import SCORE_DEF, record_frames, window_mean  # one score definition
+from tools.grid.run_records import record_from_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ROLLOUT = 2048
 
@@ -96,7 +97,7 @@ def run_ours(python, env_id, total_timesteps, seed):
 def final_score_of_episodes(returns, lengths, total_steps):
     """The final score of a run given as its episodes in order: each rollout's mean over the episodes that
     ended in it, logged at the rollout's last step (as ppo_mujoco.py logs charts/episodic_return), then the
-    window mean of tools/aggregate.py."""
+    window mean of tools/grid/aggregate.py."""
     if not returns:
         return None
     rollout = (np.cumsum(lengths) - 1) // ROLLOUT  # the rollout in which each episode ended

@@ -11,7 +11,7 @@ For one task and rollout shape it measures, in env-steps per second:
 Training SPS counts rollout and update time (not start-up). Absolute numbers on a shared machine drift by +-30%;
 read the fractions and the ratios, and take the median of several --repeats.
 
-Usage: python tools/benchmark.py --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8 --baseline-rev main
+Usage: python -m tools.bench.benchmark --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8 --baseline-rev main
 """
 
 import argparse
@@ -29,9 +29,9 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from ppo_mujoco import EnvPoolEnvs, GymnasiumEnvs  # noqa: E402  (the scripts' own env wrappers)
+from ppo_mujoco import EnvPoolEnvs, GymnasiumEnvs  # the scripts' own env wrappers
+
+ROOT = Path(__file__).resolve().parents[2]
 
 mujoco.set_mju_user_warning(lambda msg: None)
 

@@ -3,7 +3,7 @@ and a one-process torchrun on NCCL.
 
 A Qwen2-architecture model of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings) is built from a `Qwen2Config` with random weights and saved to a temporary
-folder with the tests' character-level tokenizer (tests/fixtures_gsm8k/tiny_setup.py); nothing is downloaded.
+folder with the character-level tokenizer of tools/tiny_gsm8k.py; nothing is downloaded.
 vaco_gsm8k.py's own `train()` then runs on it in this process, with bf16 autocast on CUDA, at the paper's
 minibatch (32 prompts x 8 completions, micro-batches of 16) and 400 new tokens, for each forward lag K: one
 generation batch of K x 32 prompts and K optimizer steps per iteration. A random model almost never emits its
@@ -23,9 +23,9 @@ Budget: at the defaults, about 3 to 6 minutes on one H100 or H200 (an estimate: 
 that wrote this tool, so it has not yet run on one). Writes a JSON file (--out) and prints a table.
 
 Usage:
-    python tools/gsm8k_gpu_check.py --out gpu_check.json                      # the 0.5B shape on the GPU
-    python tools/gsm8k_gpu_check.py --tiny --out /tmp/cpu.json                 # seconds, on a CPU (the tests)
-    python tools/gsm8k_gpu_check.py --hidden-size 1536 --layers 28 --heads 12 --intermediate-size 8960  # 1.5B
+    python -m tools.bench.gsm8k_gpu_check --out gpu_check.json                      # the 0.5B shape on the GPU
+    python -m tools.bench.gsm8k_gpu_check --tiny --out /tmp/cpu.json                 # seconds, on a CPU (the tests)
+    python -m tools.bench.gsm8k_gpu_check --hidden-size 1536 --layers 28 --heads 12 --intermediate-size 8960  # 1.5B
 """
 
 import argparse
@@ -41,8 +41,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -59,7 +58,7 @@ def build_model_folder(folder: str, options) -> int:
     """A random Qwen2ForCausalLM of the requested shape and the tests' tokenizer, saved to `folder`; its size."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests.fixtures_gsm8k.tiny_setup import make_tokenizer
+    from tools.tiny_gsm8k import make_tokenizer
 
     tokenizer = make_tokenizer()
     if options.vocab_size < len(tokenizer):
@@ -102,7 +101,7 @@ def benchmark_patches():
     """The toy reward (so gradients are not all zero) and no checkpoint writes, inside this process only."""
     import vaco_gsm8k as V
 
-    from tests.fixtures_gsm8k.tiny_setup import digit_fraction
+    from tools.tiny_gsm8k import digit_fraction
 
     saved = V.compute_reward, V.save_checkpoint
     V.compute_reward, V.save_checkpoint = digit_fraction, lambda path, state: None
@@ -170,10 +169,10 @@ def torchrun_check(options, model_dir: str, data_file: str, work: str) -> dict:
         release_cuda_memory()
     settings = dict(vars(options), model_dir=model_dir, data_file=data_file, work=work, backend=backend)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-    command += [os.path.abspath(__file__), "--worker", json.dumps(settings)]
+    command += ["--module", "tools.bench.gsm8k_gpu_check", "--worker", json.dumps(settings)]
     env = dict(os.environ, OMP_NUM_THREADS=str(options.torch_threads or 1))
     begin = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=options.torchrun_timeout)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=options.torchrun_timeout)
     result = {"backend": backend, "returncode": done.returncode, "seconds": time.perf_counter() - begin}
     for line in done.stdout.splitlines():
         if line.startswith("worker: "):
@@ -277,7 +276,7 @@ def main(argv=None):
         torch.set_num_threads(options.torch_threads)
     begin = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gsm8k_gpu_check_") as work:
-        from tests.fixtures_gsm8k.tiny_setup import write_gsm8k_jsonl
+        from tools.tiny_gsm8k import write_gsm8k_jsonl
 
         model_dir = os.path.join(work, "model")
         parameters = build_model_folder(model_dir, options)

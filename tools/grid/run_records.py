@@ -1,6 +1,7 @@
-"""Run records: one compact, byte-reproducible file per finished MuJoCo run, what tools/aggregate.py needs to rebuild
-every table and figure (format in results/records/README.md). Read from TensorBoard run folders, from the older
-result folders (runs.csv + final.csv), or from record files; written by tools/run_grid.py as runs finish."""
+"""Run records: one compact, byte-reproducible file per finished MuJoCo run, what tools.grid.aggregate needs to
+rebuild every table and figure (format in results/records/README.md). Read from TensorBoard run folders, from the
+older result folders (runs.csv + final.csv), or from record files; written by tools.grid.run_grid as runs finish.
+pandas is imported only to read the older folders, so that the grid runner starts without it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 SCRIPT_STEMS = {"ppo_mujoco": "ppo", "vaco_mujoco": "vaco", "spo_mujoco": "spo", "impala_mujoco": "impala"}
 VACO_DEFAULTS = {"tv_threshold": 0.2, "rho_bar": 1.0}
@@ -121,6 +121,8 @@ def read_record(path) -> dict:
 
 def records_from_legacy(folder: Path) -> list[dict]:
     """Records from a folder written by the earlier aggregate (runs.csv: per step, final.csv: per run)."""
+    import pandas as pd
+
     final, runs, out = pd.read_csv(folder / "final.csv"), pd.read_csv(folder / "runs.csv"), []
     arg_cols = ["total_timesteps", "num_envs", "num_steps", "tv_threshold", "rho_bar", "c_bar", "realign", "filter"]
     for _, row in final.iterrows():
@@ -143,6 +145,8 @@ def records_from_legacy(folder: Path) -> list[dict]:
 
 def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
     """Every run record found under `sources` (record files, folders of them, run folders, legacy folders)."""
+    import pandas as pd
+
     records = []
     for src in map(Path, sources):
         if not src.exists():

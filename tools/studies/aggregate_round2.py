@@ -2,12 +2,12 @@
 """Round 2 of the evidence grid: each reviewer's question's measures with their intervals, and the answer against
 the criteria written before the runs (docs/evidence_round2.md).
 
-    python tools/aggregate_round2.py --out results/evidence_round2   # every table, figure and verdict.md
+    python -m tools.studies.aggregate_round2 --out results/evidence_round2   # every table, figure and verdict.md
 
 Sources: the committed records of the first grid (results/records/tier1, tier3: PPO, VACO, SPO and the 10-epoch
 IMPALA) and of round 2 (tier5: the TV-matched PPO, tier6: IMPALA with one pass, tier7: HalfCheetah-v5, tier8: δ).
-Tier 4 (the calibration, seeds 101-103) chose ε and measures nothing: `tools/run_grid.py --tier 5 --dry-run`
-prints it. The standard tables and figures (tools/aggregate.py) are written for every label; verdict.md is this
+Tier 4 (the calibration, seeds 101-103) chose ε and measures nothing: `python -m tools.grid.run_grid --tier 5 --dry-run`
+prints it. The standard tables and figures (tools/grid/aggregate.py) are written for every label; verdict.md is this
 round's. Definitions (final score, D, IQM, ΔIQM, window TV, intervals): the criteria page; in short, D and ΔIQM
 intervals come from rliable's stratified bootstrap with each (algorithm, task, lag) cell resampled on its own.
 A question whose cells hold fewer runs than planned is answered **provisionally**.
@@ -19,13 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import aggregate
 import numpy as np
 import pandas as pd
 from rliable import metrics
-from run_grid import TV_WINDOW, calibrate
 
-REPO = Path(__file__).resolve().parent.parent
+from tools.grid import aggregate
+from tools.grid.run_grid import TV_WINDOW, calibrate
+
+REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "results" / "records"
 SOURCES = [RECORDS / f"tier{i}" for i in (1, 3, 5, 6, 7, 8)]
 TASKS2 = ("Hopper-v5", "Walker2d-v5")
@@ -96,7 +97,8 @@ def degradation(final, x, y, tasks, reps, seed) -> dict:
     return difference(final, [(1, x, 8), (-1, x, 0), (-1, y, 8), (1, y, 0)], tasks, reps, seed)
 
 
-def window_tv(final, algo, lag, task) -> float:
+def cell_window_tv(final, algo, lag, task) -> float:
+    """The mean window TV of the runs of one (algorithm, lag, task) cell."""
     v = cell(final, algo, lag, [task]).window_tv.dropna()
     return float(v.mean()) if len(v) else float("nan")
 
@@ -152,7 +154,7 @@ def question1(final, reps, seed, clip: str | None) -> tuple[Question, str]:
         return q, "not answerable yet (the calibration is incomplete)"
     matched = []
     for t in TASKS2:
-        v, m = window_tv(final, "vaco", 0, t), window_tv(final, p, 0, t)
+        v, m = cell_window_tv(final, "vaco", 0, t), cell_window_tv(final, p, 0, t)
         matched.append(bool(abs(m - v) <= MATCH_TOLERANCE * v) if np.isfinite(m) else None)
         q.rows.append({"question": 1, "measure": f"window TV at lag 0: {p} / vaco", "task": t, "estimate": m / v})
         q.criterion(
@@ -213,7 +215,7 @@ def question2(final, reps, seed) -> tuple[Question, str]:
     q.criterion("refuting", "ΔIQM_8(VACO, IMPALA) ≤ 0", ci(d8), holds(d8, lambda r: r["estimate"] <= 0))
     q.criterion("refuting", "pooled D(VACO, IMPALA) ≤ 0", ci(pooled), holds(pooled, lambda r: r["estimate"] <= 0))
     for t in TASKS2:
-        tv = ", ".join(f"lag {k} {window_tv(final, IMPALA1, k, t):.3f}" for k in (0, 8))
+        tv = ", ".join(f"lag {k} {cell_window_tv(final, IMPALA1, k, t):.3f}" for k in (0, 8))
         q.notes.append(f"{IMPALA1} window TV, {t}: {tv}")
     if ok is False:
         return q, f"L fails: {IMPALA1} does not learn as a baseline here; the comparisons are not evidence about VACO"
@@ -258,7 +260,7 @@ def question3(final, reps, seed) -> tuple[Question, str]:
         holds(d, lambda d: all(d[t]["estimate"] > 0 for t in tasks3)),
     )
     q.criterion("supporting", f"{len(tasks3)}-task ΔIQM_8: 95% interval above 0", ci(d8), holds(d8, lambda r: r["ci_low"] > 0))
-    tvs = {k: window_tv(final, "vaco", k, CHEETAH) for k in (4, 8)}
+    tvs = {k: cell_window_tv(final, "vaco", k, CHEETAH) for k in (4, 8)}
     q.criterion(
         "supporting",
         f"VACO's window TV on {CHEETAH} within 0.075–0.125 at lags 4, 8",
@@ -316,7 +318,7 @@ def question4(final, reps, seed) -> tuple[Question, str]:
     held = []
     for delta, a in {**labels, 0.2: "vaco"}.items():
         for t in TASKS2:
-            v = window_tv(final, a, 8, t)
+            v = cell_window_tv(final, a, 8, t)
             held.append(bool(abs(v - delta / 2) <= 0.25 * delta / 2) if np.isfinite(v) else None)
             q.criterion(
                 "mechanism",
@@ -374,7 +376,7 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
     md = "\n".join(lines) + "\n"
     (out / "verdict.md").write_text(md)
     if plots and len(measures):
-        import aggregate_figures
+        from tools.grid import aggregate_figures
 
         forest = measures[measures.measure.str.startswith(("D(", "D_HC", "ΔIQM", "E("))].rename(columns={"measure": "algo"})
         aggregate_figures.plot_forest(

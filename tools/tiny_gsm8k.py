@@ -1,7 +1,7 @@
 """A tiny offline setup for vaco_gsm8k.py: a random causal LM, a character-level tokenizer, GSM8k-style
 JSONL and a toy reward.
 
-Nothing is downloaded. Used by tests/test_vaco_gsm8k.py and tools/gsm8k_lag_table.py.
+Nothing is downloaded. Used by the GSM8k tools (tools/studies/gsm8k_*.py, tools/bench/gsm8k_*.py) and the tests.
 """
 
 import json

@@ -2,11 +2,11 @@
 
 Each line is {"question": ..., "answer": "<a> <op> <b> = <c>\\n#### <c>"}, the schema of openai/gsm8k, so
 vaco_gsm8k.py reads it with --data-file / --eval-data-file. Small numbers and one operation per problem
-keep it learnable by a tiny character-level model on a CPU (tools/gsm8k_proxy_task.py). The same seed
+keep it learnable by a tiny character-level model on a CPU (tools/studies/gsm8k_proxy_task.py). The same seed
 gives the same files.
 
 Usage:
-    python tools/make_arith_task.py --out-dir runs/arith --train-size 4000 --test-size 200
+    python -m tools.studies.make_arith_task --out-dir runs/arith --train-size 4000 --test-size 200
 """
 
 import argparse

@@ -4,29 +4,25 @@ The shape to compare with the paper's Figure 5 (docs/method.md §4): PPO-clip cl
 forward lag K grows; VACO filters rarely, but a large part of the minibatch when it does.
 
 The setup is a random 2-layer Llama (hidden 64) with a character-level tokenizer
-(tests/fixtures_gsm8k/tiny_setup.py). GSM8k's reward is always 0 for such a model, so it learns the
+(tools/tiny_gsm8k.py). GSM8k's reward is always 0 for such a model, so it learns the
 toy reward `digit_fraction` instead; the learning rate is 1e-3, not the paper's 1e-6, so that one
 optimizer step moves this tiny policy measurably. Every run takes the same number of optimizer
 steps, so a larger K means fewer, larger generation batches.
 
 Usage:
-    python tools/gsm8k_lag_table.py                      # K = 1 2 4 8, seeds 1 2: 5 to 10 min on one core
-    python tools/gsm8k_lag_table.py --lags 1 2 --seeds 1 --steps 16
+    python -m tools.studies.gsm8k_lag_table                      # K = 1 2 4 8, seeds 1 2: 5 to 10 min on one core
+    python -m tools.studies.gsm8k_lag_table --lags 1 2 --seeds 1 --steps 16
 """
 
 import argparse
 import os
-import sys
 import tempfile
 
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import vaco_gsm8k as V  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+import vaco_gsm8k as V
+from tools.tiny_gsm8k import digit_fraction, write_gsm8k_jsonl, write_tiny_model
 
 
 def main():

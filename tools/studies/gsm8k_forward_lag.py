@@ -1,6 +1,6 @@
 """The forward-lag table where the mechanisms act: PPO-clip vs VACO at K = 1..16 on the arithmetic proxy task.
 
-The proxy task of tools/gsm8k_proxy_task.py (a tiny character-level Llama supervised to ~30% on one-step
+The proxy task of tools/studies/gsm8k_proxy_task.py (a tiny character-level Llama supervised to ~30% on one-step
 arithmetic, then GRPO with vaco_gsm8k.py), in a regime chosen by a small sweep so that PPO-clip clips a few
 percent of tokens at the largest K and VACO's filter acts, while K = 1 still learns.
 
@@ -19,35 +19,31 @@ records without training. The supervised start model is rebuilt (deterministical
 in --work unless it is already there.
 
 Usage:
-    python tools/gsm8k_forward_lag.py sweep --out results/gsm8k_forward_lag/sweep
-    python tools/gsm8k_forward_lag.py table --out results/gsm8k_forward_lag    # the committed table
-    python tools/gsm8k_forward_lag.py table --out results/gsm8k_forward_lag --report-only
+    python -m tools.studies.gsm8k_forward_lag sweep --out results/gsm8k_forward_lag/sweep
+    python -m tools.studies.gsm8k_forward_lag table --out results/gsm8k_forward_lag    # the committed table
+    python -m tools.studies.gsm8k_forward_lag table --out results/gsm8k_forward_lag --report-only
 """
 
 import argparse
 import contextlib
-import csv
 import json
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
-from aggregate import COLORS, t_interval  # noqa: E402
-from make_arith_task import make_task  # noqa: E402
+from tools.grid.aggregate import COLORS, t_interval  # noqa: E402
+from tools.studies.gsm8k_proxy_task import mean_interval, supervise, write_rows  # noqa: E402
+from tools.studies.make_arith_task import make_task  # noqa: E402
 
-MAX_NEW_TOKENS = 24  # as tools/gsm8k_proxy_task.py: the longest rationale plus the stop token fits
+MAX_NEW_TOKENS = 24  # as tools/studies/gsm8k_proxy_task.py: the longest rationale plus the stop token fits
 TASK = {"max_number": 6, "train_size": 2000, "sft_target": 0.3, "sft_max_steps": 3000}
 DELTAS = [0.01, 0.02, 0.03, 0.05]  # delta values whose budget delta/2 the sweep tests D against
-# The figure's colours: MuJoCo's palette (tools/aggregate.py), PPO-clip as PPO.
+# The figure's colours: MuJoCo's palette (tools/grid/aggregate.py), PPO-clip as PPO.
 LOSS_COLORS = {"ppo-clip": COLORS["ppo"], "vaco": COLORS["vaco"]}
 # Settings that decide a run's result; a record is reused only when all of them match.
 RUN_KEYS = [
@@ -58,8 +54,6 @@ RUN_KEYS = [
 
 def start_model(work: str) -> tuple[str, str, str, dict]:
     """The task files and the supervised start model in `work` (made once, reused): paths and its sft.json."""
-    from gsm8k_proxy_task import supervise
-
     data = os.path.join(work, "data")
     train_file, test_file = make_task(data, TASK["train_size"], 200, seed=0, max_number=TASK["max_number"])
     model_dir = os.path.join(work, "sft_model")
@@ -226,25 +220,10 @@ def run_row(record: dict) -> dict:
     }
 
 
-def mean_interval(values) -> str:
-    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/aggregate.py's interval."""
-    mean, half, _ = t_interval(values)
-    return f"{mean:.3f}" if np.isnan(half) else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
-
-
-def write_csv(path: str, rows: list):
-    if not rows:
-        return
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def sweep_report(out: str):
     def report(records: dict):
         rows = [run_row(r) for r in records.values()]
-        write_csv(os.path.join(out, "runs.csv"), rows)
+        write_rows(os.path.join(out, "runs.csv"), rows)
         lines = [
             "PPO-clip, seed 1. K = 1: greedy accuracy on the 200 held-out problems (start, end, late = mean of the",
             "evaluations from half-way on, best). K > 1: clip fraction (share of tokens clipped, all minibatches, and the",
@@ -373,13 +352,13 @@ def table_report(out: str, options):
         ordered = dict(
             sorted(records.items(), key=lambda kv: (kv[1]["spec"]["loss"], kv[1]["spec"]["K"], kv[1]["spec"]["seed"]))
         )
-        write_csv(os.path.join(out, "runs.csv"), [run_row(r) for r in ordered.values()])
+        write_rows(os.path.join(out, "runs.csv"), [run_row(r) for r in ordered.values()])
         curves = [
             {"loss": r["spec"]["loss"], "K": r["spec"]["K"], "seed": r["spec"]["seed"], **e}
             for r in ordered.values()
             for e in r["evals"]
         ]
-        write_csv(os.path.join(out, "curves.csv"), curves)
+        write_rows(os.path.join(out, "curves.csv"), curves)
         with open(os.path.join(out, "summary.md"), "w") as handle:
             handle.write(table_summary(ordered))
         plot_table(ordered, os.path.join(out, "forward_lag.png"))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Is EnvPool's MuJoCo task the same task as gymnasium's? Construction, evaluation and learning curves.
 
-    python tools/backend_equivalence.py --out results/backend_equivalence   # Hopper-v5, seeds 1-3, 300k steps, 20 eval eps
-    python tools/backend_equivalence.py --stages probe       # only the by-construction comparison (seconds)
-    python tools/backend_equivalence.py --seeds 1 --total-timesteps 4096 --eval-episodes 2 \\
+    python -m tools.studies.backend_equivalence --out results/backend_equivalence  # Hopper-v5, seeds 1-3, 300k, 20 eval eps
+    python -m tools.studies.backend_equivalence --stages probe       # only the by-construction comparison (seconds)
+    python -m tools.studies.backend_equivalence --seeds 1 --total-timesteps 4096 --eval-episodes 2 \\
         --runs /tmp/be --out /tmp/be/results -- --num-minibatches 4 --update-epochs 1   # a smoke run
 
 Stages (`--stages`, in this order; default all):
@@ -11,7 +11,7 @@ Stages (`--stages`, in this order; default all):
 * train: `ppo_mujoco.py` on each backend (`--env-backend gymnasium|envpool`) for every seed, with
   `--num-envs 8 --num-steps 256 --save-model --eval-episodes 0 --torch-threads 1` (EnvPool: `--env-threads 1`)
   and the flags after `--`. Run folders `{runs}/{env}__ppo-{backend}__s{seed}` (models stay there, outside
-  the repository's tracked files); each finished run is written as a run record (`tools/aggregate.py`'s
+  the repository's tracked files); each finished run is written as a run record (`tools/grid/run_records.py`'s
   format) to `{out}/records/`. A run whose record exists is skipped; an unfinished run folder is started over.
 * probe: differences by construction. The two backends' spaces, task parameters (frame skip, timestep,
   reward weights, healthy ranges, reset noise, episode limit) and MuJoCo versions side by side; the spread of
@@ -53,9 +53,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
+from tools.grid.run_grid import split_at_dashes
+from tools.grid.run_records import is_finished, read_record, record_from_run_dir, write_record
+
+REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("gymnasium", "envpool")
 EVAL_SEED_OFFSET = 10_000  # the training script's evaluation seeds: seed + 10000 + episode
 
@@ -64,11 +65,11 @@ def run_name(env_id, backend, seed):
     return f"{env_id}__ppo-{backend}__s{seed}"
 
 
-def t_interval(values, confidence=0.95):
+def t_bounds(values, confidence=0.95):
     """(mean, lower, upper, n): aggregate.t_interval's Student-t interval of the mean as its two ends."""
-    from aggregate import t_interval as mean_half_n
+    from tools.grid.aggregate import t_interval
 
-    mean, half, n = mean_half_n(values, confidence)
+    mean, half, n = t_interval(values, confidence)
     return mean, mean - half, mean + half, n
 
 
@@ -95,8 +96,6 @@ def overlap(lo1, hi1, lo2, hi2) -> bool:
 
 def train(opts, log=print) -> list[dict]:
     """Train every (backend, seed) that has no record yet; return the finished runs' records."""
-    import aggregate
-
     records_dir = Path(opts.out) / "records"
     records = []
     for seed in opts.seeds:
@@ -104,11 +103,11 @@ def train(opts, log=print) -> list[dict]:
             name = run_name(opts.env_id, backend, seed)
             record_path = records_dir / f"{name}.json.gz"
             if record_path.exists():
-                records.append(aggregate.read_record(record_path))
+                records.append(read_record(record_path))
                 log(f"[train] {name}: record exists, skipped")
                 continue
             run_dir = Path(opts.runs).resolve() / name
-            if not aggregate.is_finished(run_dir):
+            if not is_finished(run_dir):
                 cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *train_flags(opts, backend, seed, run_dir)]
                 cmd += ["--overwrite"] if run_dir.exists() else []  # an interrupted run starts over
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -120,9 +119,9 @@ def train(opts, log=print) -> list[dict]:
                 if rc != 0:
                     raise SystemExit(f"error: {name} failed (exit {rc}); see {run_dir.parent / f'{name}.log'}")
                 log(f"[train] {name}: finished in {time.time() - start:.0f} s")
-            record = aggregate.record_from_run_dir(run_dir)
+            record = record_from_run_dir(run_dir)
             record["algo"] = f"ppo-{backend}"
-            aggregate.write_record(record, record_path)
+            write_record(record, record_path)
             records.append(record)
     return records
 
@@ -427,7 +426,7 @@ def eval_table(rows) -> list[dict]:
             continue
         row = {"policy": f"ppo-{trained_on} s{seed}", "trained_on": trained_on, "seed": seed}
         for b in BACKENDS:
-            mean, lo, hi, n = t_interval(evals[b])
+            mean, lo, hi, n = t_bounds(evals[b])
             row.update({f"{b}_mean": mean, f"{b}_lo": lo, f"{b}_hi": hi, f"{b}_n": n})
         d, dlo, dhi = welch_interval(evals["gymnasium"], evals["envpool"])
         row.update({"diff_mean": d, "diff_lo": dlo, "diff_hi": dhi})
@@ -447,7 +446,7 @@ def run_curve(record) -> tuple[np.ndarray, np.ndarray]:
 
 def curve_tables(records, bin_iterations) -> tuple[list[dict], list[dict], list[dict]]:
     """(per logged step, per bin, per run final score) rows of the per-backend learning curves."""
-    from aggregate import window_mean
+    from tools.grid.aggregate import window_mean
 
     curves = {b: [run_curve(r) for r in records if r["algo"] == f"ppo-{b}"] for b in BACKENDS}
     common = None
@@ -461,7 +460,7 @@ def curve_tables(records, bin_iterations) -> tuple[list[dict], list[dict], list[
         row = {"step": int(s)}
         for b in BACKENDS:
             vals = [values[steps == s][0] for steps, values in curves[b]]
-            mean, lo, hi, n = t_interval(vals)
+            mean, lo, hi, n = t_bounds(vals)
             row.update({f"{b}_mean": mean, f"{b}_lo": lo, f"{b}_hi": hi, f"{b}_n": n})
         row["overlap"] = overlap(row["gymnasium_lo"], row["gymnasium_hi"], row["envpool_lo"], row["envpool_hi"])
         per_step.append(row)
@@ -478,7 +477,7 @@ def curve_tables(records, bin_iterations) -> tuple[list[dict], list[dict], list[
                 inside = (steps > lo_s) & (steps <= hi_s) & np.isfinite(values)
                 if inside.any():
                     vals.append(values[inside].mean())
-            mean, lo, hi, n = t_interval(vals)
+            mean, lo, hi, n = t_bounds(vals)
             row.update({f"{b}_mean": mean, f"{b}_lo": lo, f"{b}_hi": hi, f"{b}_n": n})
         row["overlap"] = overlap(row["gymnasium_lo"], row["gymnasium_hi"], row["envpool_lo"], row["envpool_hi"])
         binned.append(row)
@@ -534,7 +533,8 @@ def plot_curves(per_step, binned, path, env_id):
 # ---------------------------------------------------------------------------------------------- main
 
 
-def write_rows(path, rows):
+def write_rounded_rows(path, rows):
+    """CSV of dict rows, floats to 6 significant digits."""
     if not rows:
         return
     with open(path, "w", newline="") as f:
@@ -545,11 +545,7 @@ def write_rows(path, rows):
 
 
 def parse_args(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    argv, extra = split_at_dashes(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env-id", default="Hopper-v5")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -592,27 +588,25 @@ def main(argv=None):
                 results["probe"][key] = {k: v for k, v in m.items() if k.startswith(("max_", "first_", "term", "trunc"))}
     if "eval" in opts.stages:
         table = eval_table(evaluate_all(opts))
-        write_rows(out / "eval.csv", table)
+        write_rounded_rows(out / "eval.csv", table)
         results["eval"] = {
             "rows": [{k: r[k] for k in ("policy", "gymnasium_mean", "envpool_mean", "intervals_overlap")} for r in table],
             "all_overlap": all(r["intervals_overlap"] for r in table),
         }
         if len(table) >= 2:  # the per-policy differences, as a sample across policies
-            mean, lo, hi, n = t_interval([r["diff_mean"] for r in table])
+            mean, lo, hi, n = t_bounds([r["diff_mean"] for r in table])
             results["eval"]["mean_difference_across_policies"] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
     if "curves" in opts.stages:
-        import aggregate
-
-        records = [aggregate.read_record(p) for p in sorted((out / "records").glob("*.json.gz"))]
+        records = [read_record(p) for p in sorted((out / "records").glob("*.json.gz"))]
         per_step, binned, final = curve_tables(records, opts.bin)
-        write_rows(out / "curves.csv", per_step)
-        write_rows(out / "curves_binned.csv", binned)
-        write_rows(out / "final.csv", final)
+        write_rounded_rows(out / "curves.csv", per_step)
+        write_rounded_rows(out / "curves_binned.csv", binned)
+        write_rounded_rows(out / "final.csv", final)
         if per_step:
             plot_curves(per_step, binned, out / "curves.png", opts.env_id)
         fin = {}
         for b in BACKENDS:
-            mean, lo, hi, n = t_interval([r["final_score"] for r in final if r["backend"] == b])
+            mean, lo, hi, n = t_bounds([r["final_score"] for r in final if r["backend"] == b])
             fin[b] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
             fin[b]["wall_seconds_mean"] = float(np.mean([r["wall_seconds"] for r in final if r["backend"] == b] or [np.nan]))
         results["curves"] = {

@@ -1,4 +1,4 @@
-"""The figures of tools/aggregate.py: rliable's interval plots, IQM curves, performance profiles and probability of
+"""The figures of tools/grid/aggregate.py: rliable's interval plots, IQM curves, performance profiles and probability of
 improvement, and ours for what rliable does not draw (score against lag, the difference in degradation, per-task
 curves, final TV against lag, the post-hoc deciles). Every figure states its definitions in its title."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
-from aggregate import (
+from rliable import library as rly
+
+from tools.grid.aggregate import (
     AGG_METRICS,
     COLORS,
     DECILE_COLUMNS,
@@ -23,7 +25,6 @@ from aggregate import (
     order_labels,
     score_matrix,
 )
-from rliable import library as rly
 
 
 def colors_for(labels) -> dict[str, str]:

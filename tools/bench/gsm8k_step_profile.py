@@ -1,31 +1,29 @@
 """Step time of vaco_gsm8k.py on a CPU profile shape: wall time per iteration, tokens/s and the phase breakdown.
 
 A random Qwen2-architecture model (hidden 256, 4 layers, a character-level tokenizer, built in code, nothing
-downloaded) trains on the toy reward `digit_fraction` (tests/fixtures_gsm8k/tiny_setup.py), so every pass
+downloaded) trains on the toy reward `digit_fraction` (tools/tiny_gsm8k.py), so every pass
 does real work. Several scripts (e.g. the current one and an older revision saved to a file) run the same
 shape in turn, interleaved, so that a shared machine's load falls on all of them alike.
 
 Usage:
-    python tools/gsm8k_step_profile.py                                  # the current vaco_gsm8k.py
+    python -m tools.bench.gsm8k_step_profile                                  # the current vaco_gsm8k.py
     git show <rev>:vaco_gsm8k.py > runs/old_vaco_gsm8k.py
-    python tools/gsm8k_step_profile.py --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py --repeats 2
+    python -m tools.bench.gsm8k_step_profile --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py --repeats 2
     cp vaco_gsm8k.py runs/new_vaco_gsm8k.py    # the same script once more, with new options
-    python tools/gsm8k_step_profile.py --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py runs/new_vaco_gsm8k.py --last-flags=--final-tv-fraction=0.25
+    python -m tools.bench.gsm8k_step_profile --scripts runs/old_vaco_gsm8k.py vaco_gsm8k.py runs/new_vaco_gsm8k.py --last-flags=--final-tv-fraction=0.25
 """
 
 import argparse
 import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.fixtures_gsm8k.tiny_setup import digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
+from tools.tiny_gsm8k import digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 SHAPE = ["--forward-lag=2", "--prompts-per-step=8", "--num-generations=4", "--micro-batch-size=16"]
 SHAPE += ["--max-new-tokens=64", "--eval-every=0", "--learning-rate=1e-3", "--torch-threads=1", "--loss=vaco"]

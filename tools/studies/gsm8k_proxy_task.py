@@ -1,7 +1,7 @@
 """The forward-lag experiment on a model that learns, on a CPU: PPO-clip vs VACO at K = 1, 2, 4, 8.
 
-1. A synthetic arithmetic task in GSM8k's schema (tools/make_arith_task.py).
-2. A tiny random Llama (character-level tokenizer, tests/fixtures_gsm8k/tiny_setup.py) supervised on the
+1. A synthetic arithmetic task in GSM8k's schema (tools/studies/make_arith_task.py).
+2. A tiny random Llama (character-level tokenizer, tools/tiny_gsm8k.py) supervised on the
    task's rationales until its greedy accuracy on held-out problems reaches --sft-target (partial, so
    that RL has room to improve it).
 3. GRPO with vaco_gsm8k.py from that checkpoint: each loss at each forward lag K and seed, the same
@@ -13,10 +13,10 @@ accuracy against optimizer step), <out>/summary.md (the table per loss and K, wi
 and <out>/forward_lag.png. The defaults are the committed grid (results/gsm8k_proxy).
 
 Usage:
-    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy --workers 2    # the full grid, ~1 h on 2 cores
-    python tools/gsm8k_proxy_task.py --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
-    python tools/gsm8k_proxy_task.py --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
-    python tools/gsm8k_proxy_task.py --out results/gsm8k_proxy --replot       # redraw from runs.csv + curves.csv
+    python -m tools.studies.gsm8k_proxy_task --out results/gsm8k_proxy --workers 2    # the full grid, ~1 h on 2 cores
+    python -m tools.studies.gsm8k_proxy_task --out runs/proxy --lags 1 8 --seeds 1    # a reduced run
+    python -m tools.studies.gsm8k_proxy_task --out runs/proxy --work runs/proxy_work   # keep (and reuse) the SFT model
+    python -m tools.studies.gsm8k_proxy_task --out results/gsm8k_proxy --replot       # redraw from runs.csv + curves.csv
 """
 
 import argparse
@@ -27,22 +27,18 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
-from aggregate import COLORS, t_interval  # noqa: E402
-from make_arith_task import make_task  # noqa: E402
-from tests.fixtures_gsm8k.tiny_setup import tiny_model  # noqa: E402
+from tools.grid.aggregate import COLORS, t_interval  # noqa: E402
+from tools.studies.make_arith_task import make_task  # noqa: E402
+from tools.tiny_gsm8k import tiny_model  # noqa: E402
 
 # One colour per algorithm in every figure of the repository: PPO-clip is PPO's, VACO is VACO's.
 LOSS_COLORS = {"ppo-clip": COLORS["ppo"], "vaco": COLORS["vaco"]}
@@ -157,7 +153,7 @@ def main():
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, default=32, help="greedy evaluation every this many optimizer steps")
     parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--max-number", type=int, default=6, help="operands 1..max-number (tools/make_arith_task.py)")
+    parser.add_argument("--max-number", type=int, default=6, help="operands 1..max-number (tools/studies/make_arith_task.py)")
     parser.add_argument("--train-size", type=int, default=2000, help="training problems (200 held out)")
     parser.add_argument("--sft-target", type=float, default=0.3)
     parser.add_argument("--sft-max-steps", type=int, default=3000)
@@ -256,12 +252,19 @@ RUN_OPTIONS = [
 ]  # fmt: skip
 
 
+def write_rows(path: str, rows: list):
+    """CSV of dict rows, the values as they are; nothing is written for no rows."""
+    if not rows:
+        return
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def write_outputs(options, runs: list, curves: list, sft: dict):
     for name, rows in [("runs.csv", runs), ("curves.csv", curves)]:
-        with open(os.path.join(options.out, name), "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(os.path.join(options.out, name), rows)
     with open(os.path.join(options.out, "summary.md"), "w") as handle:
         handle.write(summary_markdown(runs, curves, options.total_steps))
     plot(options, runs, curves, sft)
@@ -293,7 +296,7 @@ def replot(out: str):
 
 
 def mean_interval(values) -> str:
-    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/aggregate.py's interval."""
+    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/grid/aggregate.py's interval."""
     mean, half, _ = t_interval(values)
     return f"{mean:.3f}" if np.isnan(half) else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
 
