@@ -1244,7 +1244,17 @@ def log_iteration(writer, args, progress, episode_stats, scalars):
     episode_stats.finished_returns, episode_stats.finished_lengths = [], []
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
-    print(f"{where} | SPS {sps:,} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
+    # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
+    # the end is not counted.
+    elapsed = progress.seconds()
+    left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
+    times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
+    print(f"{where} | SPS {sps:,} | {times} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
+
+
+def hours_minutes_seconds(seconds):
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
 def load_agent(path):
