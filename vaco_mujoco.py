@@ -1002,7 +1002,7 @@ def remove_run_files(run_dir):
 
 
 def run_has_finished(run_dir):
-    """Whether the run wrote its summary at the end, not after a signal (tools/run_records.py's rule)."""
+    """Whether the run wrote its summary at the end, not after a signal (tools/grid/run_records.py's rule)."""
     with contextlib.suppress(ValueError):
         summary = read_json(f"{run_dir}/summary.json")
         return isinstance(summary, dict) and summary.get("interrupted") is False

@@ -264,7 +264,7 @@ def test_smoke_run_logs_the_keys(script, backend, tmp_path):
     clock = r"\d+:\d\d:\d\d"
     line = rf"\[(\d)/2\] step [\d,]+ \| SPS [\d,]+ \| elapsed {clock} \| ETA {clock} \| return \S+ \| final TV \S+"
     assert [m.group(1) for m in re.finditer(line, out)] == ["1", "2"], out
-    assert re.search(rf"\[2/2\] .* ETA 0:00:00 ", out), out  # nothing left after the last iteration
+    assert re.search(r"\[2/2\] .* ETA 0:00:00 ", out), out  # nothing left after the last iteration
     scalars = read_scalars(tmp_path)
     expected = COMMON_KEYS | SCRIPT_KEYS[script]
     assert expected <= set(scalars), expected - set(scalars)

@@ -141,7 +141,7 @@ V5_TASKS += ["Swimmer-v5", "Reacher-v5", "Pusher-v5", "InvertedPendulum-v5", "In
 def test_envpool_default_has_gymnasiums_spaces_time_limit_and_frame_skip(env_id):
     # EnvPool is the default backend because it is gymnasium's task in C++: what the agent sees and how long
     # an episode and a step are must match on every -v5 task (the dynamics are compared on Hopper-v5 in
-    # tools/backend_equivalence.py).
+    # tools/studies/backend_equivalence.py).
     envpool = pytest.importorskip("envpool")
     spec, env = envpool.make_spec(env_id), gym.make(env_id)
     assert spec.observation_space.shape == env.observation_space.shape
