@@ -418,7 +418,11 @@ def test_track_without_a_wandb_login_leaves_the_folder_as_it_was(script, tmp_pat
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_ctrl_c_while_the_libraries_load_is_quiet(script, tmp_path):
     proc = subprocess.Popen(command(script, *TINY), cwd=tmp_path, env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # torch, gymnasium and mujoco take seconds to import
+    # Wait until torch is loading (its libraries in the process's memory map): the libraries take seconds to import,
+    # and without the script's first lines Python would turn SIGINT into a KeyboardInterrupt traceback there.
+    deadline = time.time() + 60
+    while "torch" not in Path(f"/proc/{proc.pid}/maps").read_text() and time.time() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == -signal.SIGINT and proc.stderr.read() == ""
     assert os.listdir(tmp_path) == []
