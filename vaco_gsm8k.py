@@ -556,6 +556,9 @@ def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps
         if tag and value is not None:
             run.writer.add_scalar(tag, value, counters["global_step"])
     dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+    # This process's time and, at its pace so far, the time left (the final evaluation not counted).
+    elapsed = time.time() - run.start_time
+    left = elapsed / (iteration - run.first_iteration + 1) * (run.num_iterations - iteration)
     tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
     print(
         f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
@@ -563,9 +566,14 @@ def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps
         f"len {record['response_length']:.0f} tv_final {tv_text} "
         f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
         f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-        f"({time.time() - run.start_time:.0f} s)",
+        f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
         flush=True,
     )
+
+
+def hours_minutes_seconds(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
 # ======================================================================================================================

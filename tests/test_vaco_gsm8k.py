@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -671,7 +672,11 @@ def test_run_without_checkpoint_restarts_with_resume(tiny, tmp_path, capsys, toy
     os.remove(Path(args.run_dir) / V.CHECKPOINT)
     expect_usage_error(capsys, lambda: V.train(args), "already holds a run: --resume continues it")
     restarted = V.train(dataclasses.replace(args, resume=True))
-    assert "starting the run again from the beginning" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "starting the run again from the beginning" in out
+    clock = r"\d+:\d\d:\d\d"
+    ends = re.findall(rf"(?m)^iter (\d)/2 .* \| elapsed {clock} \| ETA ({clock})$", out)  # the time left, in the line
+    assert [i for i, _ in ends] == ["1", "2"] and ends[-1][1] == "0:00:00", out
     assert without_timings(restarted) == without_timings(fresh)
     assert (Path(args.run_dir) / V.CHECKPOINT).exists()
 
