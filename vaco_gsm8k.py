@@ -105,13 +105,9 @@ huggingface_hub.utils.disable_progress_bars()
 
 RUN_FORMAT = 1  # of run.json and of the checkpoint's header: a resume reads only its own format
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]  # run.json's "script": whose run a folder holds
-
-
 # ======================================================================================================================
 # The method (docs/method.md §4): GRPO's advantages, the two policy losses, the log-probs they compare.
 # ======================================================================================================================
-
-
 ADV_EPS = 1e-4
 
 
@@ -496,7 +492,6 @@ STEP_TAGS = {
     "filter_fraction": "vaco/filter_frac",
     "filter_completion_fraction": "vaco/filter_completion_frac",
 }
-
 ITERATION_TAGS = {
     "reward": "charts/reward",
     "reward_std": "charts/reward_std",
@@ -584,17 +579,11 @@ def hours_minutes_seconds(seconds: float) -> str:
 # Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
 # letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
-
 LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
-
 ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
-
 THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-
 DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
-
 LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
-
 BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -828,7 +817,6 @@ RULES = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
-
 # Flags that may differ between a run and its resumption.
 RESUMABLE = {
     "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
@@ -841,9 +829,7 @@ RESUMABLE = {
     "checkpoint_every",
     "save_model",
 }
-
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
-
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
 
 
@@ -921,7 +907,6 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
 
 
 GSM8K_ID = "openai/gsm8k"
-
 INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
 
 
@@ -1232,19 +1217,12 @@ class Run:
 
 
 RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary.json", "run.lock"
-
 CHECKPOINT = "checkpoint.pt"
-
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
-
 OWN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
-
 OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
-
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
-
 HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
-
 VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
 
 

@@ -729,12 +729,12 @@ def check_run_dir(args):
     names = sorted(os.listdir(run_dir))
     if args.resume or "run.json" in names:
         read_run_record(run_dir)
-    others = [name for name in names if not written_by_a_run(run_dir, name)]
-    listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
     if args.resume:
         return
+    others = [name for name in names if not written_by_a_run(run_dir, name)]
+    listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
     if "run.json" not in names:
-        if all(name == "run.lock" or name.endswith(".tmp") for name in names) and not others:
+        if not others and all(name == "run.lock" or name.endswith(".tmp") for name in names):
             return
         if others:
             raise ValueError(f"{run_dir} holds files that are not a run of {SCRIPT}.py ({listed}): choose another --run-dir")

@@ -78,8 +78,11 @@ def run_in_process(script, *args):
             captured.update(frame.f_locals)
         return in_main
 
-    def on_call(frame, event, arg):  # traces main's frame only: the other calls run untraced
-        return in_main if frame.f_code.co_name == "main" and frame.f_code.co_filename == path else None
+    def on_call(frame, event, arg):  # traces main's return only: no line events, the other calls untraced
+        if frame.f_code.co_name != "main" or frame.f_code.co_filename != path:
+            return None
+        frame.f_trace_lines = False
+        return in_main
 
     argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = [path, *map(str, args)]
