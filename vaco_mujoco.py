@@ -127,6 +127,8 @@ class Args:
     """continue the run in `--run-dir` from its checkpoint.pt, with its saved arguments"""
     overwrite: bool = False
     """delete the run that `--run-dir` already holds and start afresh (otherwise an existing run is refused)"""
+    auto_resume: bool = False
+    """resume the run in `--run-dir` if it is this command's run, start it there otherwise: a requeued job's command"""
     checkpoint_every: int = 5
     """write `<run-dir>/checkpoint.pt` every N iterations (default shape: every ~15 min) and on SIGINT/SIGTERM"""
 
@@ -538,7 +540,7 @@ CHECKS = [
 # On --resume the command line may change only these; everything else is the saved run's. The run
 # folder is where the run is now (it may have been moved). EnvPool's results do not depend on its
 # thread count; torch's change slightly with theirs.
-RESUME_MAY_CHANGE = {"resume", "overwrite", "checkpoint_every", "save_model", "eval_episodes", "track"}
+RESUME_MAY_CHANGE = {"resume", "overwrite", "auto_resume", "checkpoint_every", "save_model", "eval_episodes", "track"}
 RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
 # --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
 # SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
@@ -674,6 +676,10 @@ def check_args(args: Args) -> None:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)")
+    if args.auto_resume and args.overwrite:
+        raise ValueError("--auto-resume and --overwrite exclude each other")
+    if args.auto_resume and not args.run_dir:
+        raise ValueError("--auto-resume needs --run-dir: a folder named by the run (e.g. runs/Hopper-v5__ppo__lag4__s1)")
     check_run_dir(args)
 
 
@@ -886,12 +892,30 @@ def parse_args(argv=None) -> Args:
                 raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
         if args.env_backend == "auto":
             args = dataclasses.replace(args, env_backend=choose_backend(args))
+        if args.auto_resume and not args.resume and not args.overwrite and args.run_dir:
+            args = resume_if_same_run(args)
         check_args(args)
         if args.resume:
             read_checkpoint(args.run_dir)
     except ValueError as e:
         refuse(e)
     return args
+
+
+def resume_if_same_run(args):
+    """--auto-resume: the command line defines the whole run. Where --run-dir holds a run (run.json), it must be this
+    one: its saved arguments equal the command's, but for RESUME_MAY_CHANGE; then it is resumed (a finished run
+    is left as it is). Another run is refused (ValueError), never replaced; a folder without a run starts it."""
+    if not os.path.exists(f"{args.run_dir}/run.json"):
+        return args
+    read_run_record(args.run_dir)
+    saved = dataclasses.asdict(read_saved_args(f"{args.run_dir}/args.json"))
+    changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in dataclasses.asdict(args).items() if v != saved[k]]
+    changed = [words for words in changed if words.split()[0] not in RESUME_MAY_CHANGE]
+    if changed:
+        listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+        raise ValueError(f"{args.run_dir} holds another run ({listed}): choose another --run-dir")
+    return dataclasses.replace(args, resume=True)
 
 
 def refuse(message):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, import_script, read_checkpoint_file, run_script
 
@@ -334,6 +335,63 @@ def test_resume_of_a_finished_run_does_nothing(script, finished, tmp_path):
     proc = run_in(tmp_path, script, "--resume", "--run-dir", run)
     assert proc.returncode == 0 and proc.stdout == f"{run}: the run has finished; nothing to do\n", proc.stderr
     assert files(run) == before  # no second evaluation, nothing rewritten
+
+
+# ---------------------------------------------------------------- --auto-resume: one command to start or resume
+
+# The command that made the `finished` runs: with --auto-resume, the same command continues them.
+FINISHED_COMMAND = [*TINY, "--checkpoint-every", "1", "--auto-resume"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_auto_resume_starts_then_continues_then_leaves_a_finished_run(script, finished, tmp_path):
+    """The one command of a requeued job: it starts the run in a new folder, continues it from its checkpoint
+    (bit-identical with the gymnasium backend) and, once it has finished, leaves it as it is."""
+    started = run_in(tmp_path, script, *FINISHED_COMMAND, "--run-dir", "cell")
+    assert started.returncode == 0 and "[1/2]" in started.stdout, started.stderr
+    run = tmp_path / "cell"
+    before = files(run)
+    again = run_in(tmp_path, script, *FINISHED_COMMAND, "--run-dir", "cell/")  # any spelling of the folder
+    assert again.returncode == 0 and again.stdout == "cell/: the run has finished; nothing to do\n", again.stderr
+    assert files(run) == before
+    # Back to its first checkpoint, as if it had been killed in its second iteration.
+    shutil.copy(run / "checkpoint.prev.pt", run / "checkpoint.pt")
+    (run / "summary.json").unlink()
+    resumed = run_in(tmp_path, script, *FINISHED_COMMAND, "--run-dir", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "[2/2]" in resumed.stdout and "[1/2]" not in resumed.stdout, resumed.stdout
+    whole, parts = (read_checkpoint_file(d / "checkpoint.pt") for d in (finished / script, run))
+    assert parts["progress"]["iteration"] == 2
+    for key, value in whole["agent"].items():
+        assert torch.equal(value, parts["agent"][key]), key
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_auto_resume_refuses_any_other_folder(script, finished, tmp_path, capsys):
+    """Another run (of this script or another), files of the user's, a command without a folder: one error line,
+    exit 2, nothing written."""
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    other = NAMES[(NAMES.index(script) + 1) % len(NAMES)]
+    other_run = copy_run(finished, other, tmp_path / "other")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    before = files(tmp_path)
+    message = refused(module, [*FINISHED_COMMAND, "--run-dir", run, "--lag", "3", "--gamma", "0.9"], capsys)
+    assert message == f"{run} holds another run (gamma 0.99 there, 0.9 here; lag 0 there, 3 here): choose another --run-dir"
+    if other != script:
+        message = refused(module, [*FINISHED_COMMAND, "--run-dir", other_run], capsys)
+        assert message == f"{other_run} holds a run of {other}.py, not of {script}.py"
+    message = refused(module, [*FINISHED_COMMAND, "--run-dir", mine], capsys)
+    assert message == f"{mine} holds files that are not a run of {script}.py (notes.txt): choose another --run-dir"
+    assert refused(module, FINISHED_COMMAND, capsys).startswith("--auto-resume needs --run-dir")
+    message = refused(module, [*FINISHED_COMMAND, "--run-dir", run, "--overwrite"], capsys)
+    assert message == "--auto-resume and --overwrite exclude each other"
+    assert files(tmp_path) == before
+    # What may change on --resume may change here too: the same run, resumed.
+    args = module.parse_args([*FINISHED_COMMAND, "--run-dir", str(run), "--save-model", "--env-threads", "2"])
+    assert args.resume and args.save_model and args.env_threads == 2
 
 
 # ---------------------------------------------------------------- faults
