@@ -151,15 +151,18 @@ def test_grid_on_slurm_requeued_mid_run_finishes_bit_identical(slurm, tmp_path):
     cells = [cell.name for cell in read_sweep(sweep)]
     assert cells == [f"Hopper-v5__ppo__lag2__s{seed}" for seed in (1, 2, 3)]
 
-    # Requeue the first cell once it has a checkpoint and before it ends.
-    first = out / cells[0]
+    # Once the first two cells have a checkpoint, and before they end: requeue the first (as preemption does: SIGTERM
+    # to the run, SLURM requeues the task), and send the second's job script SIGUSR1, as `--signal=B:USR1@N` does
+    # before the time limit (the script stops the run, which checkpoints, and requeues the task itself).
     deadline = time.time() + 120
-    while not (first / "checkpoint.pt").exists():
-        assert time.time() < deadline, f"the first cell wrote no checkpoint in 120 s{logs(out / 'logs')}"
-        assert not (first / "summary.json").exists(), "the first cell ended before it could be requeued"
-        time.sleep(0.1)
-    requeue = subprocess.run(["scontrol", "requeue", f"{job_id}_0"], env=slurm, capture_output=True, text=True)
-    assert requeue.returncode == 0, requeue.stderr
+    for cell in cells[:2]:
+        while not (out / cell / "checkpoint.pt").exists():
+            assert time.time() < deadline, f"{cell} wrote no checkpoint in 120 s{logs(out / 'logs')}"
+            time.sleep(0.1)
+    for command in (["scontrol", "requeue", f"{job_id}_0"], ["scancel", "--batch", "--signal=USR1", f"{job_id}_1"]):
+        proc = subprocess.run(command, env=slurm, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert not any((out / cell / "summary.json").exists() for cell in cells[:2]), "a cell ended before it was stopped"
     status = launcher(slurm, "status", out)
     assert status.returncode == 0 and "(of 3 cells)" in status.stdout, status.stderr
 
@@ -181,10 +184,11 @@ def test_grid_on_slurm_requeued_mid_run_finishes_bit_identical(slurm, tmp_path):
 
     for cell in cells:
         log = (out / "logs" / f"{cell}.log").read_text()
-        starts = log.split("=== ")[1:]
-        if cell == cells[0]:  # requeued: stopped by SIGTERM after a checkpoint, continued from it
+        starts = re.split(r"^=== .* UTC: task ", log, flags=re.MULTILINE)[1:]  # the job script's line at each start
+        if cell in cells[:2]:  # requeued: stopped by SIGTERM after a checkpoint, continued from it
             assert len(starts) == 2 and "start 2" in starts[1], log
             assert "SIGTERM: stopping after this iteration" in starts[0], log
+            assert ("=== time limit: requeued" in starts[0]) == (cell == cells[1]), log
             first_line = re.search(r"\[(\d+)/24\]", starts[1])
             assert first_line and int(first_line.group(1)) > 1, log  # not restarted from scratch
         else:

@@ -70,7 +70,7 @@ echo "=== $(date -u '+%F %T') UTC: task ${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_T
 stopping=0
 trap 'stopping=1; kill -TERM "$run"' USR1
 trap ':' TERM
-eval "$command" &
+eval "exec $command" &
 run=$!
 while true; do
   wait "$run"
