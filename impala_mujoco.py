@@ -540,11 +540,14 @@ CHECKPOINT_KEYS = set(
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 RUN_FORMAT = 1
 # What a run writes in its folder, besides TensorBoard's events.out.tfevents.*, the model (*.cleanrl_model),
-# videos/ and the temporary *.tmp of each: --overwrite removes these and nothing else.
+# videos/, wandb/ (--track) and the temporary *.tmp of each: --overwrite removes these and nothing else.
 RUN_FILES = {"run.json", "args.json", "checkpoint.pt", "checkpoint.prev.pt", "summary.json", "run.lock"}
 # A checkpoint file: a header line of this many bytes (JSON: script, format, run id and the SHA-256 of the
 # rest), then torch.save's bytes.
 CHECKPOINT_HEADER_BYTES = 256
+# What wandb writes in <run-dir>/wandb: a folder per start of the run (named by the start's time and the run's id)
+# and its links to the latest one.
+WANDB_ENTRY = r"(offline-)?run-\d{8}_\d{6}-[a-z0-9]+|latest-run|debug(-internal|-cli\.\w+)?\.log"
 # The open run.lock of each run folder this process holds: its lock lasts until the file is closed or the
 # process ends, however it ends.
 RUN_LOCKS = {}
@@ -674,6 +677,8 @@ def written_by_a_run(run_dir, name):
     path, name = f"{run_dir}/{name}", name.removesuffix(".tmp")
     if name == "videos" and os.path.isdir(path) and not os.path.islink(path):
         return all(re.fullmatch(r"rl-video-[\w-]*\.mp4", video) for video in os.listdir(path))
+    if name == "wandb" and os.path.isdir(path) and not os.path.islink(path):
+        return all(re.fullmatch(WANDB_ENTRY, entry) for entry in os.listdir(path))
     is_file = os.path.isfile(path) and not os.path.islink(path)
     return is_file and (name in RUN_FILES or name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model"))
 
@@ -1000,15 +1005,33 @@ def release_run_dir(run_dir, undo=None):
         os.close(RUN_LOCKS.pop(run_dir))
 
 
-def remove_run_files(run_dir):
+def remove_run_files(run_dir, run_id):
     """--overwrite: delete the run that run_dir holds, file by file; check_run_dir made sure that it holds
-    nothing else. The folder and its lock stay."""
+    nothing else. The folder and its lock stay, and so do the wandb files of the new run `run_id` (wandb starts
+    first, so that a start it refuses leaves the old run)."""
     for name in os.listdir(run_dir):
-        if name != "run.lock" and written_by_a_run(run_dir, name):
+        if name == "wandb" and written_by_a_run(run_dir, name):
+            remove_wandb_files(run_dir, keep=run_id)
+        elif name != "run.lock" and written_by_a_run(run_dir, name):
             if name == "videos":
                 shutil.rmtree(f"{run_dir}/{name}")
             else:
                 os.remove(f"{run_dir}/{name}")
+
+
+def remove_wandb_files(run_dir, keep=None, only=None):
+    """Delete wandb's folders of runs in <run_dir>/wandb but `keep`'s (or only `only`'s), its links that lead
+    nowhere then, and the folder if that leaves it empty."""
+    folder = f"{run_dir}/wandb"
+    for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+        path = f"{folder}/{entry}"
+        if not os.path.islink(path) and (entry.endswith(f"-{only}") if only else not entry.endswith(f"-{keep}")):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+        if not os.path.exists(f"{folder}/{entry}"):
+            os.remove(f"{folder}/{entry}")
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 def run_has_finished(run_dir):
@@ -1035,9 +1058,11 @@ def start_run(args):
     except OSError as e:
         refuse(f"cannot write the run folder {args.run_dir or 'runs'}: {e.strerror}")
     run_name = run_name if args.run_dir else os.path.basename(run_dir)
+    run_id = uuid.uuid4().hex
     try:
         check_run_dir(dataclasses.replace(args, run_dir=run_dir))  # again: now no other process can change it
         checkpoint = read_checkpoint(run_dir) if args.resume else None
+        run_id = read_run_record(run_dir)["run_id"] if args.resume else run_id
         if args.track:
             import wandb
 
@@ -1050,18 +1075,22 @@ def start_run(args):
                     config=dataclasses.asdict(args),
                     name=run_name,
                     save_code=True,
-                    id=None if checkpoint is None else checkpoint["wandb_id"],
+                    # Every start of the run continues one wandb run: the checkpoint's, or the run's own id.
+                    id=(checkpoint or {}).get("wandb_id") or run_id,
                     resume="allow",
+                    dir=run_dir,
                 )
             except Exception as e:  # no login, no network, a bad entity: wandb's own error classes
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise ValueError(f"--track: wandb could not start ({why}); run `wandb login` or set WANDB_MODE=offline")
         if not args.resume:
-            remove_run_files(run_dir)
-            write_json(f"{run_dir}/run.json", {"script": SCRIPT, "format": RUN_FORMAT, "run_id": uuid.uuid4().hex})
+            remove_run_files(run_dir, run_id)
+            write_json(f"{run_dir}/run.json", {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id})
             # the folder it is in, not how it was spelled
             write_json(f"{run_dir}/args.json", dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))))
     except (OSError, ValueError) as e:
+        if args.track and not args.resume:
+            remove_wandb_files(run_dir, only=run_id)
         release_run_dir(run_dir, undo=None if args.resume else "created" if created else "files")
         refuse(e if isinstance(e, ValueError) else f"cannot write the run folder {run_dir}: {e.strerror}")
     print(f"run folder: {run_dir}", flush=True)

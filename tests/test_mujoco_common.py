@@ -485,12 +485,17 @@ def test_capture_video_headless(tmp_path):
 
 
 def test_track_offline_writes_a_wandb_run(tmp_path):
-    run_script(
-        "ppo_mujoco",
-        *TINY,
-        "--track",
-        "--run-dir",
-        tmp_path / "run",
-        env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
-    )
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    """wandb's files go to the run folder; every start of the run continues the run's one wandb run (its id)."""
+    run = tmp_path / "run"
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "elsewhere")}
+    run_script("ppo_mujoco", *TINY, "--track", "--checkpoint-every", "1", "--run-dir", run, env=env)
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == [run_id]
+    assert not (tmp_path / "elsewhere").exists()
+    (run / "summary.json").unlink()  # as if it had stopped after its last checkpoint: resumed, it starts once more
+    run_script("ppo_mujoco", "--resume", "--run-dir", run, env=env)
+    assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == [run_id, run_id]
+    # --overwrite replaces the run, its wandb files included.
+    run_script("ppo_mujoco", *TINY, "--track", "--overwrite", "--run-dir", run, env=env)
+    new_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert new_id != run_id and [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == [new_id]
