@@ -129,6 +129,8 @@ def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
     """{(array job id, task id): state} of the tasks that squeue still lists."""
     if not job_ids:
         return {}
+    if not shutil.which("squeue"):
+        raise ValueError("squeue is not on PATH: run the status view on a SLURM login node")
     proc = subprocess.run(
         ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", "%F %K %T"],
         capture_output=True,
