@@ -1072,7 +1072,7 @@ def start_run(args):
     except OSError as e:
         refuse(f"cannot write the run folder {args.run_dir or 'runs'}: {e.strerror}")
     run_name = run_name if args.run_dir else os.path.basename(run_dir)
-    run_id = uuid.uuid4().hex
+    run_id, replacing = uuid.uuid4().hex, False
     try:
         check_run_dir(dataclasses.replace(args, run_dir=run_dir))  # again: now no other process can change it
         checkpoint = read_checkpoint(run_dir) if args.resume else None
@@ -1098,6 +1098,7 @@ def start_run(args):
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise ValueError(f"--track: wandb could not start ({why}); run `wandb login` or set WANDB_MODE=offline")
         if not args.resume:
+            replacing = True  # from here on the folder's old run (--overwrite) is being deleted
             remove_run_files(run_dir, run_id)
             write_json(f"{run_dir}/run.json", {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id})
             # the folder it is in, not how it was spelled
@@ -1105,7 +1106,9 @@ def start_run(args):
     except (OSError, ValueError) as e:
         if args.track and not args.resume:
             remove_wandb_files(run_dir, only=run_id)
-        release_run_dir(run_dir, undo=None if args.resume else "created" if created else "files")
+        # A start refused before it deleted anything leaves the folder's run (--resume, --overwrite) as it was.
+        keep = args.resume or (args.overwrite and not replacing)
+        release_run_dir(run_dir, undo=None if keep else "created" if created else "files")
         refuse(e if isinstance(e, ValueError) else f"cannot write the run folder {run_dir}: {e.strerror}")
     print(f"run folder: {run_dir}", flush=True)
     if args.resume and checkpoint is None:

@@ -463,14 +463,18 @@ rm $DISK/fill
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_track_without_a_wandb_login_leaves_the_folder_as_it_was(script, tmp_path):
+def test_track_without_a_wandb_login_leaves_the_folder_as_it_was(script, finished, tmp_path):
     env = {"WANDB_MODE": "online", "HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_DIR": str(tmp_path)}
     (tmp_path / "empty").mkdir()
-    for run in ("new", "empty"):
-        proc = run_in(tmp_path, script, *TINY, "--track", "--run-dir", tmp_path / run, env=env)
+    old = copy_run(finished, script, tmp_path / "old", done=True)
+    before = files(old)
+    for run, flags in (("new", []), ("empty", []), ("old", ["--overwrite"])):
+        proc = run_in(tmp_path, script, *TINY, "--track", *flags, "--run-dir", tmp_path / run, env=env)
         assert proc.returncode == 2 and proc.stderr.startswith("error: --track: wandb could not start ("), proc.stderr
         assert proc.stderr.endswith("; run `wandb login` or set WANDB_MODE=offline\n") and proc.stderr.count("\n") == 1
     assert not (tmp_path / "new").exists() and os.listdir(tmp_path / "empty") == []
+    after = files(old)  # the run --overwrite would have replaced is whole (run.lock names the last process to hold it)
+    assert after.keys() == before.keys() and all(after[name] == before[name] for name in before if name != "run.lock")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
