@@ -240,8 +240,9 @@ def welch_interval(mats, signs, confidence=0.95):
     est = np.append(est, est.mean())
     pooled = v / v.shape[1] ** 2
     total = np.append(v.sum(axis=0), pooled.sum())
-    df = total**2 / np.append((v**2 / dof).sum(axis=0), (pooled**2 / dof).sum())
-    half = stats.t.ppf(0.5 + confidence / 2, df) * np.sqrt(total)
+    with np.errstate(invalid="ignore", divide="ignore"):  # no spread in any cell: no interval (NaN)
+        df = total**2 / np.append((v**2 / dof).sum(axis=0), (pooled**2 / dof).sum())
+        half = stats.t.ppf(0.5 + confidence / 2, df) * np.sqrt(total)
     return est - half, est + half
 
 
