@@ -237,3 +237,118 @@ def test_site_builds_strictly(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "method" / "index.html").exists()
+
+
+# ---- Every number a results page quotes is in a committed results file ----
+
+RESULTS = ROOT / "results"
+# (page, the first heading of its results part or None for the whole page, the heading after it or None). The
+# criteria page (docs/evidence_round2.md) is left out: it was written before the runs and is not changed after.
+RESULT_PARTS = [
+    ("README.md", "## The verdict", "## Quick start"),
+    ("docs/index.md", "## What we found", "## The scripts"),
+    ("docs/results.md", None, None),
+    ("docs/evidence_round2_results.md", None, None),
+    ("docs/ppo_mujoco.md", "## Results", None),
+    ("docs/vaco_mujoco.md", "## Results", None),
+    ("docs/spo_mujoco.md", "## Results", None),
+    ("docs/impala_mujoco.md", "## Results", None),
+    ("docs/gsm8k.md", "## Forward lag on a model that learns", None),
+    ("docs/gsm8k_forward_lag.md", None, "## GPU check"),
+]
+# A decimal number with 3 or 4 decimals (signed, the minus sign as − or -), not part of a longer token.
+QUOTED_RE = re.compile(r"(?<![\w.,])([+−-]?\d+\.\d{3,4})(?![\w.%])")
+# An interval "[low, high]", optionally after its estimate "x [low, high]".
+INTERVAL_RE = re.compile(r"(?:([+−-]?\d+\.\d{3,4})\s+)?\[([+−-]?\d+\.\d{3,4}), ([+−-]?\d+\.\d{3,4})\]")
+# An interval of returns, "x [low, high]" with signed integers (e.g. a difference in degradation of raw returns).
+RETURN_INTERVAL_RE = re.compile(r"([+−-]\d+)\s+\[([+−-]\d+), ([+−-]\d+)\]")
+SOURCE_NUMBER_RE = re.compile(r"[+−-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
+
+
+def canonical(token, decimals):
+    """The number as the pages print it at `decimals` places, with '-' for the minus sign and no '+'."""
+    text = f"{float(token.replace('−', '-')):.{decimals}f}"
+    return "0." + "0" * decimals if text == "-0." + "0" * decimals else text
+
+
+def result_sources():
+    """The numbers of each line of every committed results file (CSV, JSON and generated markdown under results/,
+    not the hand-written READMEs, not the run records), printed at 0, 3 and 4 decimals: {decimals: [row, ...]}."""
+    rows = []
+    for path in repository_files():
+        rel = path.relative_to(ROOT).parts
+        if rel[0] != "results" or path.suffix not in {".csv", ".json", ".md"} or path.name == "README.md":
+            continue
+        if "records" in rel:
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            numbers = SOURCE_NUMBER_RE.findall(line.replace("−", "-"))
+            if numbers:
+                rows.append(numbers)
+    return {d: [[canonical(n, d) for n in row] for row in rows] for d in (0, 3, 4)}
+
+
+def results_part(page, start, end):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    if start:
+        assert start in text, f"{page}: no heading {start!r}"
+        text = text[text.index(start) :]
+    if end:
+        assert end in text, f"{page}: no heading {end!r}"
+        text = text[: text.index(end)]
+    text = FENCE_RE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return CODE_SPAN_RE.sub(lambda m: " " * len(m.group(0)), text)
+
+
+def holds_in_a_row(parts, rows):
+    """Whether some row holds the printed numbers `parts` one after the other (an estimate and its interval are
+    adjacent columns of a CSV, or adjacent in a generated table's cell)."""
+    digits = [len(p.split(".")[1]) if "." in p else 0 for p in parts]
+    wanted = [canonical(p, d) for p, d in zip(parts, digits)]
+    for r, row in enumerate(rows[digits[0]]):
+        for i in (i for i, v in enumerate(row[: len(row) - len(parts) + 1]) if v == wanted[0]):
+            if all(rows[d][r][i + j] == w for j, (d, w) in enumerate(zip(digits, wanted))):
+                return True
+    return False
+
+
+def unsourced_numbers(text, rows):
+    """(line, what) for each quoted number no results row holds, and each interval whose estimate and ends no row
+    holds side by side."""
+    every = {v for d in (3, 4) for row in rows[d] for v in row}
+    line_of = lambda m: text.count("\n", 0, m.start()) + 1  # noqa: E731
+    problems = []
+    for m in QUOTED_RE.finditer(text):
+        decimals = len(m.group(1).split(".")[1])
+        if canonical(m.group(1), decimals) not in every and canonical(m.group(1).lstrip("+−-"), decimals) not in every:
+            problems.append((line_of(m), m.group(1)))
+    for m in [*INTERVAL_RE.finditer(text), *RETURN_INTERVAL_RE.finditer(text)]:
+        if not holds_in_a_row([p for p in m.groups() if p], rows):
+            problems.append((line_of(m), m.group(0)))
+    return problems
+
+
+def test_every_quoted_result_is_in_a_committed_file():
+    rows = result_sources()
+    assert len(rows[3]) > 1000, "hardly any rows of results found: the scan is broken"
+    problems, quoted = [], 0
+    for page, start, end in RESULT_PARTS:
+        text = results_part(page, start, end)
+        quoted += len(QUOTED_RE.findall(text))
+        problems += [f"{page} (results part), line {line}: {what}" for line, what in unsourced_numbers(text, rows)]
+    assert quoted > 200, "hardly any quoted numbers found: the scan is broken"
+    assert not problems, "numbers that no committed results file holds:\n" + "\n".join(problems)
+
+
+def as_rows(*rows):
+    return {d: [[canonical(str(v), d) for v in row] for row in rows] for d in (0, 3, 4)}
+
+
+def test_unsourced_numbers_are_found():
+    rows = as_rows([0.0403, -0.1046, 0.1872, 0.04], [0.49, 0.428, 0.547], [1.0, 0.429, 9.0, 0.548])
+    assert unsourced_numbers("D +0.040 [−0.105, +0.187] and 0.490 [0.428, 0.547]", rows) == []
+    assert unsourced_numbers("the IQM 0.490 [0.429, 0.548]", rows) == [(1, "0.490 [0.429, 0.548]")]
+    assert unsourced_numbers("\n+0.040 [0.428, 0.547]", rows) == [(2, "+0.040 [0.428, 0.547]")]
+    assert unsourced_numbers("0.167, 3.5%, 1,131, 2026.", rows) == [(1, "0.167")]
+    assert unsourced_numbers("D = +328\n[+57, +604]", as_rows([328.17, 57.34, 604.21])) == []
+    assert unsourced_numbers("D = +328 [+62, +610]", as_rows([328.17, 57.34, 604.21])) == [(1, "+328 [+62, +610]")]

@@ -17,11 +17,14 @@ Definitions (every table and figure states the ones it uses):
   per task and pooled (the mean over tasks), its interval from rliable's stratified independent bootstrap (each
   (algorithm, lag) cell resampled on its own); > 0: X loses less. An algorithm whose lag-0 IQM interval includes 0
   did not learn: its D is marked (†). Ablations: (ablation - VACO) at lag 8. The pre-registered verdict. Post hoc,
-  not pre-registered: return, final TV, minibatches over δ/2 and samples masked per training decile.
+  not pre-registered: return, final TV, minibatches over δ/2 and samples masked per training decile; the primary
+  measure D(VACO, PPO) per training decile (each run's normalised mean return in that decile in place of its final
+  score); the change of the return from decile 9 to 10. Beside every bootstrap interval of a difference, its
+  Welch t interval (t_low, t_high).
 * Learning curves: at the steps every run of the curve logged (at most --curve-points), never interpolated.
 
-Outputs: final.csv, runs.csv, per_task.csv, aggregate.csv, degradation.csv, ablation.csv, deciles.csv, iqm_curves.csv,
-probability_of_improvement.csv, verdict.md and the figures (tools/grid/aggregate_figures.py). The run-record format is
+Outputs: final.csv, runs.csv, per_task.csv, aggregate.csv, degradation.csv, ablation.csv, deciles.csv, deciles_d.csv,
+rise_9_to_10.csv, iqm_curves.csv, probability_of_improvement.csv, verdict.md and the figures (tools/grid/aggregate_figures.py). The run-record format is
 tools/grid/run_records.py; the normalisation table, tools/grid/reference_scores.py.
 """
 
@@ -55,11 +58,15 @@ DECILE_COLUMNS = {  # post hoc, not pre-registered
 }
 AGG_METRICS = {"iqm": "IQM", "mean": "Mean", "median": "Median of task means", "optimality_gap": "Optimality gap"}
 AGG_FUNCS = (metrics.aggregate_iqm, metrics.aggregate_mean, metrics.aggregate_median, metrics.aggregate_optimality_gap)
-COLORS = {  # one colour per algorithm label in every figure (matplotlib's tab10)
+COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
     "ppo": "#1f77b4",
+    "ppo-clip0.3": "#6baed6",
     "vaco": "#d62728",
+    "vaco-delta0.1": "#fc9272",
+    "vaco-delta0.4": "#67000d",
     "spo": "#2ca02c",
     "impala": "#ff7f0e",
+    "impala-1pass": "#a63603",
     "vaco-norealign": "#9467bd",
     "vaco-nofilter": "#8c564b",
     "vaco-norealign-nofilter": "#e377c2",
@@ -213,11 +220,30 @@ def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
 
     point, ci = bootstrap({name: mats}, stat, reps, seed)
     runs = min(x.shape[0] for x in mats)
+    t_lo, t_hi = welch_interval(mats, signs)
     return [
         {"measure": name, **(extra or {}), "task": t, "estimate": point[name][i], "ci_low": ci[name][0, i],
-         "ci_high": ci[name][1, i], "min_runs_per_cell": runs}
+         "ci_high": ci[name][1, i], "t_low": t_lo[i], "t_high": t_hi[i], "min_runs_per_cell": runs}
         for i, t in enumerate([*tasks, "pooled"])
     ]  # fmt: skip
+
+
+def welch_interval(mats, signs, confidence=0.95):
+    """The Welch t interval of sum(sign x cell mean) per task and pooled (the mean over tasks): variance
+    sum(s^2 / n) over the (cell, task) samples, degrees of freedom by Welch-Satterthwaite. Given beside the
+    percentile bootstrap, which undercovers at 5-10 runs per cell, where a reading rests on one end of an interval."""
+    from scipy import stats
+
+    dof = np.array([x.shape[0] - 1 for x in mats], float)[:, None]
+    v = np.stack([x.var(axis=0, ddof=1) / x.shape[0] for x in mats])  # (cells, tasks): s^2 / n
+    est = sum(s * x.mean(axis=0) for s, x in zip(signs, mats))
+    est = np.append(est, est.mean())
+    pooled = v / v.shape[1] ** 2
+    total = np.append(v.sum(axis=0), pooled.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):  # no spread in any cell: no interval (NaN)
+        df = total**2 / np.append((v**2 / dof).sum(axis=0), (pooled**2 / dof).sum())
+        half = stats.t.ppf(0.5 + confidence / 2, df) * np.sqrt(total)
+    return est - half, est + half
 
 
 def in_mode_of(label: str, base: str) -> str:
@@ -294,6 +320,45 @@ def decile_table(final: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 row[f"{c}_mean"], row[f"{c}_ci95"], _ = t_interval(df[c])
             rows.append(row)
     return pd.DataFrame(rows).sort_values(["algo", "task", "lag", "order"]).drop(columns="order").reset_index(drop=True)
+
+
+def decile_scores(final: pd.DataFrame, runs: pd.DataFrame, ref) -> pd.DataFrame:
+    """Post hoc: one row per run and training decile d (as decile_table's), `normalized_score` replaced by the run's
+    normalised mean training return in that decile; decile 10 is the final-score window, so its score is the final
+    score. Any measure of the final score applied to one decile's rows gives that measure's trajectory."""
+    r = runs.merge(final[["source", "last_step"]], on="source")
+    r["decile"] = np.clip(np.ceil(10 * r["step"] / r["last_step"]), 1, 10).astype(int)
+    per_run = r.groupby(["source", "decile"])["episodic_return"].mean().rename("decile_return").reset_index()
+    out = final.drop(columns="normalized_score").merge(per_run, on="source")
+    out["normalized_score"] = normalise(out["decile_return"], out["task"], ref)
+    return out
+
+
+def decile_degradation_table(scores: pd.DataFrame, reps, seed, algo="vaco", base="ppo") -> pd.DataFrame:
+    """Post hoc: the primary measure D(algo, base) per training decile, per task and pooled, with the same bootstrap
+    and Welch t interval as at the final window (decile 10)."""
+    terms = [(1, algo, LAG_HI), (-1, algo, LAG_LO), (-1, base, LAG_HI), (1, base, LAG_LO)]
+    rows = []
+    for d in range(1, 11):
+        part = scores[scores.decile == d]
+        rows += difference_table(part, terms, f"D({algo}, {base})", reps, seed, {"decile": d})
+    return pd.DataFrame(rows)
+
+
+def rise_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Post hoc: per (algo, task, lag), each run's normalised mean training return in decile 10 minus decile 9
+    (`scores`: decile_scores), mean and 95% t interval over runs: > 0, the return still rises at the end."""
+    rows = []
+    piv = scores[scores.decile.isin([9, 10])].pivot_table(
+        index=["algo", "task", "lag", "seed"], columns="decile", values="normalized_score"
+    )
+    if not {9, 10} <= set(piv.columns):
+        return pd.DataFrame()
+    for (algo, task, lag), g in (piv[10] - piv[9]).groupby(level=["algo", "task", "lag"]):
+        mean, half, n = t_interval(g)
+        rows.append({"algo": algo, "task": task, "lag": lag, "runs": n, "rise": mean, "t_low": mean - half,
+                     "t_high": mean + half})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def curve_steps(runs_of_group: list[pd.DataFrame], max_points: int) -> np.ndarray:
@@ -540,25 +605,36 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
     per_task, agg = per_task_table(final), aggregate_table(final, reps, seed, log)
     deg, abl, dec = degradation_table(final, reps, seed), ablation_table(final, reps, seed), decile_table(final, runs)
     poi = probability_of_improvement_table(final, curve_reps, seed)
+    dec_scores = decile_scores(final, runs, ref) if "episodic_return" in runs else final[:0]
+    dec_d = decile_degradation_table(dec_scores, reps, seed) if {"vaco", "ppo"} <= set(final.algo) else pd.DataFrame()
+    rises = rise_table(dec_scores) if len(dec_scores) else pd.DataFrame()
     curves = curve_table(final, runs, ref, curve_points, curve_reps, seed, log)
     table, verdict = verdict_table(final, agg, deg, per_task)
     marked = not_learned(agg) if ref is not None else set()  # 0 is the random policy only after normalisation
     boot = f"95% stratified-bootstrap percentile intervals over seeds (rliable, {reps} resamples, seed {seed})"
     base = [SCORE_DEF, norm, WINDOW_DEF]
+    welch = "t_low, t_high: 95% Welch t interval (for readings that rest on one end of the bootstrap interval)"
     deg_def = f"degradation = mean(X at lag {LAG_HI}) - mean(X at lag {LAG_LO}); degradation_difference = X's minus PPO's"
     tables = {
         "final.csv": (final, base + ["one row per run; final_tv, backward_tv, ...: means over the same window"]),
         "runs.csv": (runs, ["one row per run and logged step (training iteration)"]),
         "per_task.csv": (per_task, base + ["per (algo, task, lag): mean and 95% Student-t half-width over runs"]),
         "aggregate.csv": (agg, base + [f"per (algo, lag): aggregates over tasks and runs; {boot}"]),
-        "degradation.csv": (deg, base + [f"{deg_def} (> 0: X loses less)", f"pooled = mean over tasks; {boot}"]),
+        "degradation.csv": (deg, base + [f"{deg_def} (> 0: X loses less)", f"pooled = mean over tasks; {boot}", welch]),
         "ablation.csv": (abl, base + [f"ablation_effect = mean(ablation) - mean(VACO) at lag {LAG_HI}",
-                                      f"pooled = mean over tasks; {boot}"]),
+                                      f"pooled = mean over tasks; {boot}", welch]),
         "deciles.csv": (dec, [
             "POST HOC, not pre-registered: per (algo, task, lag) and training decile (d: logged steps in ((d-1)/10, d/10] of",
             "the run; 10 = the final-score window; 1-9: all steps before it; all: the whole run): each run's mean of",
             "charts/episodic_return, lag/final_tv, vaco/over_budget_frac, vaco/filter_frac; mean and 95% t half-width",
             "over runs"]),
+        "deciles_d.csv": (dec_d, [
+            "POST HOC, not pre-registered: the primary measure D = (VACO lag 8 - VACO lag 0) - (PPO lag 8 - PPO lag 0)",
+            "of each run's normalised mean training return in training decile d (10 = the final-score window)",
+            f"per task and pooled; {boot}; t_low, t_high: Welch t interval"]),
+        "rise_9_to_10.csv": (rises, [
+            "POST HOC: per (algo, task, lag), each run's normalised mean training return in training decile 10 minus",
+            "decile 9; mean and 95% t interval over runs (> 0: the return still rises at the end of the run)"]),
         "iqm_curves.csv": (curves, [f"IQM of the normalised training return at logged steps ({norm})",
                                     f"rliable, {curve_reps} resamples"]),
         "probability_of_improvement.csv": (poi, base + ["P(X > Y): rliable's, Mann-Whitney per task, mean over tasks",
@@ -576,30 +652,26 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
     if plots:
         from tools.grid import aggregate_figures
 
+        # Aggregates over tasks are drawn over the tasks every algorithm ran, so that like is compared with like.
+        common = sorted(set.intersection(*(set(g.task) for _, g in final.groupby("algo"))))
+        fc, f_agg, f_deg, f_abl, f_curves, f_poi, note = final, agg, deg, abl, curves, poi, ""
+        if len(common) < final["task"].nunique():
+            fc, note = final[final.task.isin(common)], ", ".join(common)
+            f_agg, f_deg, f_abl = (
+                aggregate_table(fc, reps, seed, log),
+                degradation_table(fc, reps, seed),
+                ablation_table(fc, reps, seed),
+            )
+            f_poi = probability_of_improvement_table(fc, curve_reps, seed)
+            f_curves = curve_table(fc, runs[runs.task.isin(common)], ref, curve_points, curve_reps, seed, log)
         written += aggregate_figures.make_figures(
-            label,
-            out,
-            final,
-            runs,
-            ref,
-            norm,
-            boot,
-            per_task,
-            agg,
-            deg,
-            abl,
-            dec,
-            curves,
-            poi,
-            marked,
-            curve_reps,
-            curve_points,
-            seed,
-        )
+            label, out, final, runs, ref, norm, boot, per_task, f_agg, f_deg, f_abl, dec, f_curves, f_poi, marked,
+            curve_reps, curve_points, seed, final_common=fc, tasks_note=note,
+        )  # fmt: skip
     log(f"{len(final)} runs ({', '.join(f'{a}: {n}' for a, n in final['algo'].value_counts().sort_index().items())})")
     log(f"wrote {', '.join(written)} to {out}/")
     return {"final": final, "runs": runs, "per_task": per_task, "aggregate": agg, "degradation": deg, "ablation": abl,
-            "deciles": dec, "curves": curves, "improvement": poi, "verdict": verdict, "verdict_table": table, "verdict_md": md,
+            "deciles": dec, "decile_scores": dec_scores, "deciles_d": dec_d, "rises": rises, "curves": curves, "improvement": poi, "verdict": verdict, "verdict_table": table, "verdict_md": md,
             "written": written, "records": records}  # fmt: skip
 
 

@@ -89,7 +89,8 @@ def difference(final, terms, tasks, reps, seed) -> dict:
     rows = aggregate.difference_table(final[final.task.isin(tasks)], terms, "d", reps, seed)
     if {r["task"] for r in rows} < {*tasks, "pooled"}:
         return {}
-    return {r["task"]: {k: r[k] for k in ("estimate", "ci_low", "ci_high")} | {"runs": r["min_runs_per_cell"]} for r in rows}
+    keep = ("estimate", "ci_low", "ci_high", "t_low", "t_high")
+    return {r["task"]: {k: r[k] for k in keep} | {"runs": r["min_runs_per_cell"]} for r in rows}
 
 
 def degradation(final, x, y, tasks, reps, seed) -> dict:
@@ -329,6 +330,34 @@ def question4(final, reps, seed) -> tuple[Question, str]:
     return q, q.answer()
 
 
+def decile_trajectories(scores: pd.DataFrame, clip: str | None, reps, seed) -> pd.DataFrame:
+    """Post hoc: each question's primary measures per training decile (`scores`: aggregate.decile_scores, one row
+    per run and decile); decile 10 is the final-score window, where the criteria are read."""
+    rows = []
+    for d in range(1, 11):
+        f = scores[scores.decile == d]
+        measures = []
+        if clip:
+            p = f"ppo-clip{clip}"
+            measures += [(1, f"D(vaco, {p})", degradation(f, "vaco", p, TASKS2, reps, seed))]
+            measures += [(1, f"ΔIQM_8(vaco, {p})", {"pooled": iqm_difference(f, "vaco", p, 8, TASKS2, reps, seed)})]
+        measures += [(2, f"D(vaco, {IMPALA1})", degradation(f, "vaco", IMPALA1, TASKS2, reps, seed))]
+        measures += [(2, f"ΔIQM_8(vaco, {IMPALA1})", {"pooled": iqm_difference(f, "vaco", IMPALA1, 8, TASKS2, reps, seed)})]
+        tasks3 = [*TASKS2, CHEETAH]
+        measures += [(3, "D(vaco, ppo), 3 tasks", degradation(f, "vaco", "ppo", tasks3, reps, seed))]
+        measures += [(3, "ΔIQM_8(vaco, ppo), 3 tasks", {"pooled": iqm_difference(f, "vaco", "ppo", 8, tasks3, reps, seed)})]
+        for delta in (0.1, 0.4):
+            e = difference(f, [(1, f"vaco-delta{delta:g}", 8), (-1, "vaco", 8)], TASKS2, reps, seed)
+            measures += [(4, f"E({delta:g})", e)]
+        for question, name, per_task in measures:
+            rows += [
+                {"question": question, "measure": name, "task": t, "decile": d, **r}
+                for t, r in (per_task or {}).items()
+                if r is not None
+            ]
+    return pd.DataFrame(rows)
+
+
 def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=print) -> dict:
     res = aggregate.aggregate(
         sources, out, reps=reps, curve_reps=curve_reps, seed=seed, plots=plots, log=log, label="Evidence round 2"
@@ -342,6 +371,19 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
     ]
     measures = pd.DataFrame([row for q, _ in answers for row in q.rows])
     out = Path(out)
+    clip = calibrate(RECORDS).clip
+    scores = res["decile_scores"]
+    trajectories = decile_trajectories(scores, clip, reps, seed)
+    aggregate.write_csv(
+        trajectories,
+        out / "measures_deciles.csv",
+        [
+            "POST HOC, not pre-registered: each question's primary measures computed on each run's normalised mean",
+            "training return in training decile d (10 = the final-score window, where the criteria are read);",
+            f"rliable's stratified bootstrap ({reps} resamples, seed {seed}); t_low, t_high: Welch t interval",
+        ],
+    )
+
     aggregate.write_csv(
         measures,
         out / "measures.csv",
@@ -381,13 +423,12 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
         forest = measures[measures.measure.str.startswith(("D(", "D_HC", "ΔIQM", "E("))].rename(columns={"measure": "algo"})
         aggregate_figures.plot_forest(
             out / "measures.png",
-            "the questions' measures: estimate and 95% interval (stratified bootstrap); > 0: the first algorithm "
-            "named is ahead (D: loses less to the lag; ΔIQM: scores higher; E: δ better than 0.2)",
+            "The questions' measures",
             forest.drop(columns="question"),
             {},
-            "normalised score",
+            "normalised score; > 0: the first algorithm named is ahead",
         )
-    return {"answers": answers, "measures": measures, "verdict_md": md, **res}
+    return {"answers": answers, "measures": measures, "trajectories": trajectories, "verdict_md": md, **res}
 
 
 def main(argv=None):

@@ -501,33 +501,31 @@ def curve_tables(records, bin_iterations) -> tuple[list[dict], list[dict], list[
 
 
 def plot_curves(per_step, binned, path, env_id):
+    """The two backends' training-return curves, laid out for the documentation's column (PNG and SVG). The
+    backends get neutral colours: blue and red stand for PPO and VACO in every other figure."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from tools.grid import aggregate_figures as F
 
-    colors = {"gymnasium": "tab:blue", "envpool": "tab:orange"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    matplotlib.use("Agg")
+    colors = {"gymnasium": "#252525", "envpool": "#969696"}
+    fig, axes = F._figure(1, 2, 3.0, sharey=True)
     for ax, rows, x_key, title in (
-        (axes[0], per_step, "step", "per logged step"),
-        (axes[1], binned, "bin_end", "binned (each run's mean over the bin first)"),
+        (axes[0][0], per_step, "step", "per logged step"),
+        (axes[0][1], binned, "bin_end", "binned (each run's mean first)"),
     ):
         x = np.array([r[x_key] for r in rows], float)
         for b in BACKENDS:
             m = np.array([r[f"{b}_mean"] for r in rows])
             lo = np.array([r[f"{b}_lo"] for r in rows])
             hi = np.array([r[f"{b}_hi"] for r in rows])
-            ax.plot(x, m, color=colors[b], label=f"{b} (mean of seeds)")
-            ax.fill_between(x, lo, hi, color=colors[b], alpha=0.2, label=f"{b} 95% t-interval")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("environment steps")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("training episodic return")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"PPO on {env_id}: gymnasium vs EnvPool (training return, 95% t-intervals across seeds)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            ax.plot(x, m, color=colors[b], label=f"{b}, mean of seeds")
+            ax.fill_between(x, lo, hi, color=colors[b], alpha=0.2, label=f"{b}, 95% t-interval")
+        ax.set_title(title)
+        F._step_axis(ax)
+    axes[0][0].set_ylabel("training return")
+    F._legend_below(fig, axes, ncol=2)
+    F.save(fig, Path(path), f"PPO on {env_id}: gymnasium and EnvPool")
 
 
 # ---------------------------------------------------------------------------------------------- main

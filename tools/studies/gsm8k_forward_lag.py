@@ -283,31 +283,49 @@ def table_summary(records: dict) -> str:
                 f"{f'{np.mean(completions):.3f}' if completions else '–'} | "
                 f"{np.mean([r['tv_final'] for r in chosen]):.4f} |"
             )
+    lines += [
+        "",
+        "VACO − PPO-clip, paired by seed: mean and 95% t-interval " "over seeds of the difference in late accuracy.",
+        "",
+        "| K | seeds | VACO − PPO-clip, late accuracy |",
+        "|---:|---:|---|",
+    ]
+    late = {(r["loss"], r["K"], r["seed"]): r["accuracy_late"] for r in runs}
+    for k in sorted({r["K"] for r in runs if r["K"] > 1}):
+        seeds = sorted(s for (loss, kk, s) in late if loss == "vaco" and kk == k and ("ppo-clip", k, s) in late)
+        if seeds:
+            paired = [late["vaco", k, s] - late["ppo-clip", k, s] for s in seeds]
+            lines.append(f"| {k} | {len(seeds)} | {mean_interval(paired)} |")
     return "\n".join(lines) + "\n"
 
 
 def plot_table(records: dict, path: str):
     """Four panels: accuracy curves (one line style per K), final accuracy vs K, clipped/filtered share vs K,
-    final TV vs K; PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours."""
+    final TV vs K; PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours, laid out for the documentation's
+    column (tools/grid/aggregate_figures.py), PNG and SVG."""
+    from pathlib import Path
+
     import matplotlib
 
+    from tools.grid import aggregate_figures as F
+
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     runs = [run_row(r) for r in records.values()]
     lags = sorted({r["K"] for r in runs})
     styles = dict(zip([2, 4, 8, 16, 32], [":", "-.", "--", "-", (0, (5, 1))]))
     widths = dict(zip([2, 4, 8, 16, 32], [1.2, 1.2, 1.4, 1.8, 2.0]))
-    figure, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    figure, grid = F._figure(2, 2, 2.9)
+    axes = grid.flat
     for loss, label in [("ppo-clip", "PPO-clip"), ("vaco", "VACO")]:
         for k in lags:
             chosen = [r for r in records.values() if r["spec"]["loss"] == loss and r["spec"]["K"] == k]
             if not chosen or (k == 1 and loss == "vaco"):  # K = 1: one run for both losses, drawn once
                 continue
             if k == 1:
-                color, name = "black", "K=1 (both losses)"
+                color, name = "black", "K = 1 (both losses)"
             else:
-                color, name = LOSS_COLORS[loss], f"{label} K={k}"
+                color, name = LOSS_COLORS[loss], f"{label}, K = {k}"
             steps = sorted({e["step"] for r in chosen for e in r["evals"]})
             means = [np.mean([e["accuracy"] for r in chosen for e in r["evals"] if e["step"] == s]) for s in steps]
             axes[0].plot(steps, means, linestyle=styles.get(k, "-"), lw=widths.get(k, 1.0), color=color, label=name)
@@ -321,28 +339,28 @@ def plot_table(records: dict, path: str):
             name = {"accuracy_late": label, "tv_final": label}.get(key)
             if key == "dropped_fraction":
                 name = "PPO-clip: tokens clipped" if loss == "ppo-clip" else "VACO: tokens filtered"
-            axis.errorbar(present, means, yerr=halves, color=LOSS_COLORS[loss], marker="o", capsize=3, label=name)
+            shifted = [k * 2 ** (0.05 if loss == "vaco" else -0.05) for k in present]  # side by side on the log axis
+            axis.errorbar(shifted, means, yerr=halves, color=LOSS_COLORS[loss], marker="o", capsize=3, label=name)
         if loss == "vaco":
             over = [np.mean([r["over_budget_fraction"] for r in runs if r["loss"] == loss and r["K"] == k]) for k in present]
             axes[2].plot(present, over, color=LOSS_COLORS[loss], marker="s", ls="--", label="VACO: minibatches over δ/2")
     start = np.mean([r["accuracy_start"] for r in runs])
     axes[0].axhline(start, color="grey", lw=0.8)
-    axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy (200 held-out)", title="accuracy (mean of seeds)")
+    axes[0].set(xlabel="optimizer step", ylabel="greedy accuracy", title="accuracy (mean of seeds)")
     axes[1].axhline(start, color="grey", lw=0.8, label="start")
-    axes[1].set(xlabel="forward lag K", ylabel="late accuracy (95% CI)", title="accuracy vs forward lag")
-    axes[2].set(xlabel="forward lag K", ylabel="fraction (linear below 0.001)", title="clipped vs filtered")
+    axes[1].set(xlabel="forward lag K", ylabel="late accuracy", title="late accuracy, 95% t-interval")
+    axes[2].set(xlabel="forward lag K", ylabel="fraction", title="clipped vs filtered (symlog)")
     axes[2].set_yscale("symlog", linthresh=1e-3)  # PPO-clip's fractions are 10-100x smaller than VACO's
     axes[2].set_ylim(bottom=0)  # fractions: a t-interval's lower end below 0 is cut at 0
-    axes[3].set(xlabel="forward lag K", ylabel="TV to the behaviour policy", title="final TV after the K steps")
+    axes[3].set(xlabel="forward lag K", ylabel="TV to the behaviour policy", title="final TV")
     for axis in axes[1:]:
         axis.set_xscale("log", base=2)
         axis.set_xticks(lags, [str(k) for k in lags])
         axis.minorticks_off()
     for axis in axes:
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+        axis.grid(alpha=0.3)
+    F._legend_below(figure, grid, ncol=4)
+    F.save(figure, Path(path), "PPO-clip and VACO under forward lag K")
 
 
 def table_report(out: str, options):

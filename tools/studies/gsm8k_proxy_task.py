@@ -287,7 +287,7 @@ def replot(out: str):
     with open(os.path.join(out, "setup.json")) as handle:
         setup = json.load(handle)
     options = argparse.Namespace(
-        out=out, lags=sorted({r["K"] for r in runs}), **{k: setup[k] for k in ("total_steps", "eval_size")}
+        out=out, lags=sorted({r["K"] for r in runs}), total_steps=setup["total_steps"], eval_size=setup.get("eval_size")
     )
     with open(os.path.join(out, "summary.md"), "w") as handle:
         handle.write(summary_markdown(runs, curves, options.total_steps))
@@ -334,20 +334,26 @@ def summary_markdown(runs: list, curves: list, total_steps: int) -> str:
 
 def plot(options, runs, curves, sft):
     """Accuracy against step per loss (one panel each, darker at larger K, 95% t-band over seeds), the clipped or
-    filtered fraction and the final TV against K (mean ± 95% t-interval over seeds), with VACO's budget δ/2."""
+    filtered fraction and the final TV against K (mean ± 95% t-interval over seeds), with VACO's budget δ/2; laid out
+    for the documentation's column (tools/grid/aggregate_figures.py), PNG and SVG."""
+    from pathlib import Path
+
     import matplotlib
+    from matplotlib.colors import to_rgb
+
+    from tools.grid import aggregate_figures as F
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import to_rgb
 
     def interval(values):
         mean, half, _ = t_interval(values)
         return mean, 0.0 if np.isnan(half) else half
 
     losses = [loss for loss in LOSS_COLORS if any(r["loss"] == loss for r in runs)]
-    figure, axes = plt.subplots(1, len(losses) + 2, figsize=(4.6 * (len(losses) + 2), 4), squeeze=False)
-    axes = axes[0]
+    figure, grid = F._figure(2, 2, 2.9)
+    axes = list(grid.flat)[: len(losses)] + list(grid.flat)[2:]
+    for axis in list(grid.flat)[len(losses) : 2]:
+        axis.remove()
     for i, loss in enumerate(losses):
         for j, k in enumerate(options.lags):
             rows = [c for c in curves if c["loss"] == loss and c["K"] == k]
@@ -357,18 +363,17 @@ def plot(options, runs, curves, sft):
             color = tuple(1 - shade * (1 - v) for v in to_rgb(LOSS_COLORS[loss]))
             steps = sorted({c["step"] for c in rows})
             mean, half = np.array([interval([c["accuracy"] for c in rows if c["step"] == s]) for s in steps]).T
-            axes[i].plot(steps, mean, "-o", ms=3, color=color, label=f"K={k}")
+            axes[i].plot(steps, mean, "-o", ms=3, color=color, label=f"{F.display_name(loss)}, K = {k}")
             axes[i].fill_between(steps, mean - half, mean + half, color=color, alpha=0.12, lw=0)
         axes[i].axhline(sft["sft_accuracy"], color="k", lw=0.8, ls=":", label="supervised start")
-        axes[i].set(xlabel="optimizer step", ylabel=f"greedy accuracy ({options.eval_size} held-out)", title=loss)
-        axes[i].legend(fontsize=7)
+        axes[i].set(xlabel="optimizer step", ylabel="greedy accuracy", title={"ppo-clip": "PPO-clip"}.get(loss, "VACO"))
     for offset, loss in zip((-0.04, 0.04), losses):
         chosen = [r for r in runs if r["loss"] == loss]
         lags = [k for k in options.lags if any(r["K"] == k for r in chosen)]
         x = np.array(lags) * np.exp(offset)  # side by side on the log axis
         for axis, key, name in (
             (axes[-2], "dropped_fraction", "clip fraction (PPO-clip)" if loss == "ppo-clip" else "filter fraction (VACO)"),
-            (axes[-1], "tv_final", loss),
+            (axes[-1], "tv_final", {"ppo-clip": "PPO-clip"}.get(loss, "VACO")),
         ):
             mean, half = np.array([interval([r[key] for r in chosen if r["K"] == k]) for k in lags]).T
             axis.errorbar(x, mean, yerr=half, fmt="-o", ms=4, capsize=2, color=LOSS_COLORS[loss], label=name)
@@ -380,13 +385,10 @@ def plot(options, runs, curves, sft):
     for axis in axes[-2:]:
         axis.set_xticks(options.lags, [str(k) for k in options.lags])
         axis.minorticks_off()
-        axis.legend(fontsize=7)
     for axis in axes:
         axis.grid(alpha=0.3)
-    figure.suptitle("means over seeds, 95% t-intervals (bands and bars)", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(os.path.join(options.out, "forward_lag.png"), dpi=100)
-    plt.close(figure)  # redrawn after every run: do not keep the old figures open
+    F._legend_below(figure, grid, ncol=4)
+    F.save(figure, Path(options.out) / "forward_lag.png", "Accuracy, clipping and TV against the forward lag K")
 
 
 if __name__ == "__main__":
