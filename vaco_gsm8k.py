@@ -125,10 +125,11 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tenso
     return advantages.flatten(), (std == 0).float().mean().item()
 
 
-def abs_deviation(log_ratio: torch.Tensor) -> float:
-    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
-    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
-    return (log_ratio.exp() - 1).abs().sum().item()
+def abs_deviation(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum |r - 1| over the tokens of `mask` ([B, C] both). D = 1/2 mean|r - 1|, the sample estimate of
+    TV(pi_theta, beta) (docs/method.md §1), is half this sum over the minibatch's tokens (all micro-batches, all
+    processes) divided by their number."""
+    return (log_ratio.exp() - 1).abs()[mask].sum().item()
 
 
 def ppo_clip_loss(
@@ -136,7 +137,7 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip with asymmetric clipping: -min(r A, clip(r, 1 - low, 1 + high) A).
 
-    All arguments are 1-D over completion tokens. Returns the per-token loss and which tokens are
+    All arguments have one shape (per token: [B, C]). Returns the per-token loss and which tokens are
     clipped, i.e. have zero gradient (r > 1 + high with A > 0, or r < 1 - low with A < 0).
     """
     ratio = torch.exp(logp - logp_behaviour)
@@ -164,14 +165,10 @@ def vaco_loss(
     return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
 
 
-def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
-    """Completions with at least one masked token, and completions with any token in the loss.
-
-    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
-    losses return them."""
-    rows = torch.zeros_like(selected)
-    rows[selected] = dropped
-    return int(rows.any(1).sum()), int(selected.any(1).sum())
+def masked_completions(mask: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
+    """Completions with at least one masked token, and completions with any token in the loss; `mask` is the
+    [B, C] loss mask, `dropped` the [B, C] flags the losses return."""
+    return int((dropped & mask).any(1).sum()), int(mask.any(1).sum())
 
 
 def completion_logprobs(
@@ -368,20 +365,51 @@ def is_over_budget(run: "Run", deviation: float, denominator: float) -> bool:
     return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
 
 
+def prescore_over_budget(run: "Run", batch: dict, denominator: float) -> Optional[bool]:
+    """VACO's D > delta/2 for the minibatch, decided before its update; None when its training pass decides.
+
+    D is a statistic of the whole minibatch (all ranks) but gradients accumulate micro-batch by micro-batch, so
+    with several micro-batches the minibatch is scored first (one no-grad pass) and all apply the same mask. With
+    one micro-batch per rank the training pass's own log-probs give D (None). A minibatch whose log beta is its
+    training pass's (see `behaviour_logprobs`) has r = 1: never over budget. PPO-clip has no budget."""
+    args = run.args
+    if args.loss != "vaco" or batch["logp_behaviour"] is None:
+        return False
+    if run.single_pass:
+        return None
+    with run.timed("prescore"):
+        current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast)
+        deviation = abs_deviation(current - batch["logp_behaviour"], batch["loss_mask"])
+    return is_over_budget(run, deviation, denominator)
+
+
+def token_statistics(args: "Args", log_ratio, dropped, advantages, entropy, mask) -> dict:
+    """One micro-batch's sums over the tokens of `mask` (all [B, C]), for `step_record`."""
+    ratio = log_ratio.exp()
+    sums = {
+        "abs_dev": abs_deviation(log_ratio, mask),
+        "approx_kl": ((ratio - 1) - log_ratio)[mask].sum().item(),
+        "dropped": dropped[mask].sum().item(),
+        "clip_low": ((ratio < 1 - args.clip_low) & (advantages < 0))[mask].sum().item(),
+        "clip_high": ((ratio > 1 + args.clip_high) & (advantages > 0))[mask].sum().item(),
+        "entropy": entropy[mask].sum().item(),
+    }
+    if args.loss == "vaco":
+        sums["dropped_completions"], sums["completions"] = masked_completions(mask, dropped)
+    return sums
+
+
 def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
     """Optimizer step k + 1 of the generation batch, on minibatch k (forward lag k): PPO-clip or VACO's filter, the
-    gradient accumulated micro-batch by micro-batch. Returns the step's record and the tokens this rank trained on."""
+    gradient accumulated micro-batch by micro-batch. Per-token tensors are [B, C] with the loss mask, as TRL's.
+    Returns the step's record and the tokens this rank trained on."""
     args, model = run.args, run.model
     num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
     denominator = max(num_tokens, 1.0)
-    over_budget = False
-    if args.loss == "vaco" and not run.single_pass and batch["logp_behaviour"] is not None:
-        # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
-        # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
-        with run.timed("prescore"):
-            current = score(model, batch, args.micro_batch_size, args.temperature, run.autocast)
-            deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
-            over_budget = is_over_budget(run, deviation, denominator)
+    over_budget = prescore_over_budget(run, batch, denominator)
+    # With no backward lag, minibatch 0's log beta is this pass's log pi_theta (`behaviour_logprobs` skipped it).
+    own_behaviour = batch["logp_behaviour"] is None
+    behaviour_rows = []
     training_tokens = 0
     with run.timed("training"):
         run.optimizer.zero_grad(set_to_none=True)
@@ -390,45 +418,40 @@ def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
             width = completion_mask.shape[1]
             with run.autocast():
                 logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
-            selected = batch["loss_mask"][rows, :width]
-            if batch["logp_behaviour"] is None:
-                batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
-            if k == 0 and not args.lag:  # the skipped behaviour pass: log beta is this pass's log pi_theta
-                batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
-            logp = logp[selected]
-            logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
-            token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
-            log_ratio = logp.detach() - logp_behaviour
-            ratio = log_ratio.exp()
-            if args.loss == "vaco" and run.single_pass:
-                over_budget = is_over_budget(run, abs_deviation(log_ratio), denominator)
-            if args.loss == "ppo-clip":
-                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high)
+            loss_mask = batch["loss_mask"][rows, :width]
+            if own_behaviour:
+                behaviour_rows.append((rows, logp.detach().float() * completion_mask))
+                logp_behaviour = logp.detach()
             else:
-                per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
-            loss = per_token.sum() / denominator
+                logp_behaviour = batch["logp_behaviour"][rows, :width]
+            # r = 1 off the mask (padding, masked truncations), where log beta is not a generated token's.
+            logp_behaviour = torch.where(loss_mask, logp_behaviour, logp.detach())
+            advantages = batch["advantages"][rows][:, None].expand_as(loss_mask)
+            log_ratio = logp.detach() - logp_behaviour
+            if over_budget is None:
+                over_budget = is_over_budget(run, abs_deviation(log_ratio, loss_mask), denominator)
+            if args.loss == "ppo-clip":
+                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, advantages, args.clip_low, args.clip_high)
+            else:
+                per_token, dropped = vaco_loss(logp, logp_behaviour, advantages, over_budget)
+            loss = per_token[loss_mask].sum() / denominator
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
             loss.backward()
             sums["loss"] += loss.item()
-            sums["abs_dev"] += abs_deviation(log_ratio)
-            sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
-            sums["dropped"] += dropped.sum().item()
-            if args.loss == "vaco":
-                masked_rows, rows_with_tokens = masked_completions(selected, dropped)
-                sums["dropped_completions"] += masked_rows
-                sums["completions"] += rows_with_tokens
-            sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
-            sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
-            sums["entropy"] += entropy[selected].sum().item()
+            sums.update(token_statistics(args, log_ratio, dropped, advantages, entropy, loss_mask))
             training_tokens += int(mask.sum())
         sum_gradients(run)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
         run.optimizer.step()
+    if own_behaviour:  # frozen from here on, for the final divergence
+        batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+        for rows, logp_behaviour in behaviour_rows:
+            batch["logp_behaviour"][rows, : logp_behaviour.shape[1]] = logp_behaviour
     run.counters["global_step"] += 1
-    return step_record(run, iteration, k, sums, denominator, grad_norm, over_budget), training_tokens
+    return step_record(run, iteration, k, sums, denominator, grad_norm, bool(over_budget)), training_tokens
 
 
 def step_record(run: "Run", iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
@@ -471,7 +494,7 @@ def final_divergence(run: "Run", minibatches: list[dict]) -> Optional[float]:
             current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
             scored = batch["loss_mask"].clone()
             scored[run.final_tv_batches * args.micro_batch_size :] = False
-            deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
+            deviation += abs_deviation(current - batch["logp_behaviour"], scored)
             count += scored.sum().item()
         deviation, count = run.all_reduce([deviation, count])
     return 0.5 * deviation / max(count, 1.0)

@@ -166,9 +166,10 @@ def test_grpo_advantages_against_hand_computation():
 
 
 def test_abs_deviation():
-    log_ratio = torch.tensor([0.0, 0.1, -0.2, 0.3])
+    log_ratio = torch.tensor([[0.0, 0.1, -0.2], [0.3, 5.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])  # 5.0 is off the mask: not counted
     expected = sum(abs(math.exp(x) - 1) for x in [0.0, 0.1, -0.2, 0.3])
-    assert V.abs_deviation(log_ratio) == pytest.approx(expected, rel=1e-6)
+    assert V.abs_deviation(log_ratio, mask) == pytest.approx(expected, rel=1e-6)
 
 
 def test_ppo_clip_is_asymmetric():
@@ -773,17 +774,18 @@ def test_total_steps_fixes_optimizer_steps_across_forward_lags(tiny, tmp_path, t
 
 def test_masked_completions_against_a_loop():
     generator = torch.Generator().manual_seed(0)
-    selected = torch.rand(6, 5, generator=generator) > 0.4
-    selected[2] = False  # a row with no token in the loss
-    dropped = torch.rand(int(selected.sum()), generator=generator) > 0.7
-    flags, position, masked, with_tokens = dropped.tolist(), 0, 0, 0
-    for row in selected.tolist():
-        taken = [flags[position + i] for i in range(sum(row))]
-        position += sum(row)
+    mask = torch.rand(6, 5, generator=generator) > 0.4
+    mask[2] = False  # a row with no token in the loss
+    dropped = torch.rand(6, 5, generator=generator) > 0.7
+    dropped[2, 0] = True  # off the mask
+    masked, with_tokens = 0, 0
+    for mask_row, dropped_row in zip(mask.tolist(), dropped.tolist()):
+        taken = [d for m, d in zip(mask_row, dropped_row) if m]  # a flag off the mask does not count
         masked += any(taken)
         with_tokens += bool(taken)
-    assert V.masked_completions(selected, dropped) == (masked, with_tokens)
+    assert V.masked_completions(mask, dropped) == (masked, with_tokens)
     assert 0 < masked < with_tokens < 6
+    assert bool((dropped & ~mask).any())
 
 
 def test_filter_completion_fraction_is_logged_and_zero_when_nothing_is_masked(tiny, tmp_path, toy_reward):
