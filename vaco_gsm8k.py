@@ -70,6 +70,7 @@ import datetime
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import io
 import itertools
 import json
@@ -254,6 +255,9 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
                 with run.timed("eval"):
                     evaluate(run)
             log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
+            if args.log_completions_every and (iteration == 1 or iteration % args.log_completions_every == 0):
+                log_completions(run, generated)
+            warn_if_no_signal(run)
             if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
                 write_checkpoint(run, iteration)
     except Interrupted as stop:
@@ -329,7 +333,7 @@ def rewards_and_advantages(run: "Run", generated: dict, references: list[float])
         total = dict(zip(counts, run.all_reduce(list(counts.values()))))
         (shortest,) = run.all_reduce([lengths.min().item()], torch.distributed.ReduceOp.MIN)
         (longest,) = run.all_reduce([lengths.max().item()], torch.distributed.ReduceOp.MAX)
-        generated["advantages"] = advantages.to(run.device)
+        generated["rewards"], generated["advantages"] = rewards, advantages.to(run.device)
         generated["loss_mask"] = generated["completion_mask"]
         if args.mask_truncated_completions:
             generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
@@ -581,10 +585,69 @@ def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps
     print(
         f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
         f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-        f"len {record['response_length']:.0f} tv_final {tv_text} "
+        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
         f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
         f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
         f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
+        flush=True,
+    )
+
+
+def log_completions(run: "Run", generated: dict):
+    """A sample of the generation batch, its first --num-completions-to-log rows (whole groups), to TensorBoard as text
+    and to wandb as a table (as TRL's log_completions): what the model writes, and what the reward made of it."""
+    count = min(run.args.num_completions_to_log, generated["input_ids"].shape[0])
+    if not run.main_process or not count:
+        return
+    rows = take_rows(generated, slice(0, count))
+    width = rows["completion_mask"].shape[1]
+    prompts = [
+        run.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
+    ]
+    completions = decode_completions(run.tokenizer, rows)
+    table = [
+        [run.counters["global_step"], prompt, completion, float(reward), float(advantage)]
+        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
+    ]
+    text = "\n\n".join(
+        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
+        + prompt.replace("\n", "\n    ")
+        + "\n\ncompletion:\n\n    "
+        + completion.replace("\n", "\n    ")
+        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
+    )
+    run.writer.add_text("completions", text, run.counters["global_step"])
+    if run.args.track:
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward", "advantage"]
+        wandb.log({"completions": wandb.Table(columns=columns, data=table)})
+
+
+NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
+
+
+def warn_if_no_signal(run: "Run"):
+    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
+    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
+    streak = 0  # the last iterations in a row with no signal
+    for record in reversed(run.history["iterations"]):
+        if record["zero_std_fraction"] < 1:
+            break
+        streak += 1
+    if not run.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
+        return
+    records = run.history["iterations"][-NO_SIGNAL_ITERATIONS:]
+    reward = np.mean([r["reward"] for r in records])
+    truncated = np.mean([r["truncated_fraction"] for r in records])
+    formatted = np.mean([r["format_rate"] for r in records])
+    print(
+        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
+        f"{run.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
+        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
+        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
+        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
         flush=True,
     )
 
@@ -603,7 +666,7 @@ def hours_minutes_seconds(seconds: float) -> str:
 # letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
 LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
-ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
+ANY_NUMBER_RE = re.compile(rf"(?<![\w.,/]){NUMBER}")  # not the tail of `3/4` or `3,5` either
 THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
 LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
@@ -670,6 +733,10 @@ def compute_reward(completion: str, reference: float) -> float:
 # ======================================================================================================================
 
 
+GSM8K_ID = "openai/gsm8k"
+INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, in the form '#### <number>'."
+
+
 @dataclass
 class Args:
     exp_name: str = SCRIPT
@@ -704,7 +771,8 @@ class Args:
 
     # Model and data
     model_id: str = "Qwen/Qwen2.5-0.5B-Instruct"
-    """Hugging Face hub id or local folder of a causal LM (the paper's model is not public; ours)"""
+    """Hugging Face hub id, local save_pretrained folder, or local .gguf file (or a folder holding one) of a causal LM
+    (the paper's model is not public; ours)"""
     data_file: Optional[str] = None
     """training prompts as JSONL with `question` and `answer` ending in `#### N` (None: openai/gsm8k train split)"""
     eval_data_file: Optional[str] = None
@@ -768,6 +836,24 @@ class Args:
     """greedy evaluation every this many iterations, plus before training and at the end (0: never)"""
     eval_size: int = 256
     """number of evaluation prompts (the first ones of the evaluation set)"""
+    log_completions_every: int = 10
+    """at the first iteration and every this many, a sample of the generation batch (prompt, completion, reward,
+    advantage) goes to TensorBoard (text `completions`) and wandb (table `completions`), as TRL's log_completions
+    (0: never)"""
+    num_completions_to_log: int = 8
+    """completions in that sample: the first ones of the generation batch, so whole groups of G"""
+
+    # Prompt and data
+    instruction: str = INSTRUCTION
+    """text after the question in the user's message (ours: asks for the `#### <number>` line the reward reads)"""
+    system_prompt: Optional[str] = None
+    """a system message before the user's (chat template only; None: none)"""
+    chat_template: bool = True
+    """use the tokenizer's chat template when it has one; --no-chat-template: plain `Question: ...\nAnswer:` text"""
+    question_field: str = "question"
+    """the field of a data row holding the question (JSONL or the hub dataset)"""
+    answer_field: str = "answer"
+    """the field of a data row holding the reference answer, text ending in `#### <number>`"""
 
 
 def fail(message: str):
@@ -811,6 +897,8 @@ RULES = [
     (("eval_size",), lambda v: v >= 1, ">= 1"),
     (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
     (("lag", "eval_every", "checkpoint_every", "generation_batch_size"), lambda v: v >= 0, ">= 0"),
+    (("log_completions_every", "num_completions_to_log"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("question_field", "answer_field"), lambda v: len(v) >= 1, "a field name, not empty"),
     (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
@@ -851,6 +939,8 @@ RESUMABLE = {
     "torch_threads",
     "checkpoint_every",
     "save_model",
+    "log_completions_every",
+    "num_completions_to_log",
 }
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
@@ -885,9 +975,29 @@ def validate(args: Args) -> Optional[str]:
         problem = getattr(args, name) is not None and input_file_problem(getattr(args, name))
         if problem:
             return f"{flag(name)} {problem}"
-    if looks_like_path(args.model_id) and not os.path.isdir(os.path.expanduser(args.model_id)):
-        return f"--model-id {args.model_id}: no such model folder"
+    if looks_like_path(args.model_id):
+        problem = model_path_problem(os.path.expanduser(args.model_id))
+        if problem:
+            return f"--model-id {args.model_id}: {problem}"
     return run_dir_problem(args) if main_rank() else None
+
+
+def model_path_problem(path: str) -> Optional[str]:
+    """Why a local --model-id cannot be a model: not a folder of save_pretrained's files or one GGUF file, or a GGUF
+    file without the packages that read it."""
+    if not os.path.isdir(path) and not (os.path.isfile(path) and path.endswith(".gguf")):
+        return "no such model folder or .gguf file"
+    folder, gguf_file = model_files(path)
+    if gguf_file is None and not os.path.isfile(os.path.join(folder, "config.json")):
+        ggufs = [name for name in sorted(os.listdir(folder)) if name.endswith(".gguf")]
+        if ggufs:
+            return f"the folder holds several .gguf files ({listed(ggufs)}): pass one of them as --model-id"
+        return "the folder holds neither config.json (a save_pretrained folder) nor a .gguf file"
+    if gguf_file is not None:
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            return f"reading a .gguf file needs the packages {' and '.join(missing)} (pip install {' '.join(missing)})"
+    return None
 
 
 def input_file_problem(path: str) -> Optional[str]:
@@ -929,12 +1039,9 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
 # ======================================================================================================================
 
 
-GSM8K_ID = "openai/gsm8k"
-INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
-
-
-def load_jsonl(path: str) -> list[tuple[str, float]]:
-    """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
+def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
+    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
+    bad lines exit 2."""
     rows = []
     try:
         handle = open(path, "rb")
@@ -952,20 +1059,20 @@ def load_jsonl(path: str) -> list[tuple[str, float]]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 fail(f"{path}:{number}: malformed JSON line ({error.msg})")
-            rows.append(check_row(record, f"{path}:{number}"))
+            rows.append(check_row(record, f"{path}:{number}", fields))
     if not rows:
         fail(f"{path}: no rows")
     return rows
 
 
-def check_row(record, where: str) -> tuple[str, float]:
-    fields_ok = isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("question", "answer"))
-    if not fields_ok:
-        fail(f"{where}: expected an object with string fields 'question' and 'answer'")
-    reference = reference_answer(record["answer"])
+def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
+    question, answer = fields
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+        fail(f"{where}: expected an object with string fields '{question}' and '{answer}'")
+    reference = reference_answer(record[answer])
     if reference is None:
-        fail(f"{where}: 'answer' does not end in '#### <number>'")
-    return record["question"], reference
+        fail(f"{where}: '{answer}' does not end in '#### <number>'")
+    return record[question], reference
 
 
 def hub_resolvable() -> bool:
@@ -978,10 +1085,10 @@ def hub_resolvable() -> bool:
     return True
 
 
-def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
-    """A JSONL file when given, else openai/gsm8k (config main) from the hub."""
+def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
+    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
     if path is not None:
-        return load_jsonl(path)
+        return load_jsonl(path, fields)
     flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
     if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
         fail(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
@@ -991,28 +1098,49 @@ def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
         dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
     except Exception as error:  # any failure here (offline, missing cache) has the same remedy
         fail(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
-    return [check_row(record, f"{GSM8K_ID} {split} row {i}") for i, record in enumerate(dataset)]
+    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
+
+
+def model_files(path: str) -> tuple[str, Optional[str]]:
+    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
+    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
+    if os.path.isfile(path):
+        return os.path.dirname(path) or ".", os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
+    return path, ggufs[0] if len(ggufs) == 1 else None
 
 
 def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes; one that cannot load exits 2, with the library's
-    whole message for a local folder (a missing tokenizer file, a truncated model.safetensors)."""
+    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
+    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
+    a local model (a missing tokenizer file, a truncated model.safetensors)."""
     local = looks_like_path(model_id)
-    source = os.path.expanduser(model_id) if local else model_id
+    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
     # With no network, a model already in the hub cache still loads, and no download is attempted.
     local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
     part = "tokenizer"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
         part = "model"
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only)
+        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
+        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
     except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
         if local:
-            fail(f"could not load the {part} from {source}: {error}")
+            fail(f"could not load the {part} from {os.path.join(source, gguf_file or '')}: {error}")
         fail(
             f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
             "with no network, pass a local model folder: --model-id /path/to/model"
         )
+    if gguf_file:
+        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
+        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
@@ -1051,12 +1179,15 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(set(eos) | {tokenizer.eos_token_id})
 
 
-def encode_prompt(tokenizer, question: str) -> list[int]:
-    """The chat template when the tokenizer has one (it adds its own special tokens), else plain text."""
-    message = f"{question}\n{INSTRUCTION}"
-    if tokenizer.chat_template:
+def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
+    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
+    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
+    args = args or Args()
+    message = f"{question}\n{args.instruction}" if args.instruction else question
+    if tokenizer.chat_template and args.chat_template:
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
@@ -1663,8 +1794,9 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         torch.set_num_threads(args.torch_threads)
 
     # Inputs first, so bad data stops the run before any model is loaded.
-    train_rows = load_split(args.data_file, "train")
-    eval_rows = load_split(args.eval_data_file, "test")[: args.eval_size] if args.eval_every > 0 else []
+    fields = (args.question_field, args.answer_field)
+    train_rows = load_split(args.data_file, "train", fields)
+    eval_rows = load_split(args.eval_data_file, "test", fields)[: args.eval_size] if args.eval_every > 0 else []
     model, tokenizer = load_model_and_tokenizer(args.model_id)
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -1720,8 +1852,8 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         checkpoint_generation_config=checkpoint_generation_config,
         train_rows=train_rows,
         eval_rows=eval_rows,
-        train_prompts=[encode_prompt(tokenizer, question) for question, _ in train_rows],
-        eval_prompts=[encode_prompt(tokenizer, question) for question, _ in eval_rows],
+        train_prompts=[encode_prompt(tokenizer, question, args) for question, _ in train_rows],
+        eval_prompts=[encode_prompt(tokenizer, question, args) for question, _ in eval_rows],
         data_rng=np.random.default_rng(args.seed),
         order=collections.deque(),
         num_iterations=args.total_steps // args.forward_lag if args.total_steps else args.num_iterations,
@@ -1733,8 +1865,13 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
 
 
 def snapshot(model) -> dict:
-    """The weights, copied to host memory: an entry of the policy buffer."""
-    return {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
+    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
+    input embedding) stay one tensor, held and checkpointed once."""
+    copies = {}
+    for value in model.state_dict().values():
+        if value.data_ptr() not in copies:
+            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
+    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
 
 
 def restore(run: Run):
