@@ -255,8 +255,7 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
                 with run.timed("eval"):
                     evaluate(run)
             log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
-            if args.log_completions_every and (iteration == 1 or iteration % args.log_completions_every == 0):
-                log_completions(run, generated)
+            log_completions(run, iteration, generated)
             warn_if_no_signal(run)
             if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
                 write_checkpoint(run, iteration)
@@ -370,12 +369,9 @@ def is_over_budget(run: "Run", deviation: float, denominator: float) -> bool:
 
 
 def prescore_over_budget(run: "Run", batch: dict, denominator: float) -> Optional[bool]:
-    """VACO's D > delta/2 for the minibatch, decided before its update; None when its training pass decides.
-
-    D is a statistic of the whole minibatch (all ranks) but gradients accumulate micro-batch by micro-batch, so
-    with several micro-batches the minibatch is scored first (one no-grad pass) and all apply the same mask. With
-    one micro-batch per rank the training pass's own log-probs give D (None). A minibatch whose log beta is its
-    training pass's (see `behaviour_logprobs`) has r = 1: never over budget. PPO-clip has no budget."""
+    """VACO's D > delta/2 for the minibatch, before its update. D is the whole minibatch's (all ranks) but gradients
+    accumulate by micro-batch: a no-grad pass scores it first, so all apply one mask; with one micro-batch per rank
+    the training pass decides (None). r = 1 when log beta is the training pass's (`behaviour_logprobs`): False."""
     args = run.args
     if args.loss != "vaco" or batch["logp_behaviour"] is None:
         return False
@@ -413,8 +409,7 @@ def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
     over_budget = prescore_over_budget(run, batch, denominator)
     # With no backward lag, minibatch 0's log beta is this pass's log pi_theta (`behaviour_logprobs` skipped it).
     own_behaviour = batch["logp_behaviour"] is None
-    behaviour_rows = []
-    training_tokens = 0
+    behaviour_rows, training_tokens = [], 0
     with run.timed("training"):
         run.optimizer.zero_grad(set_to_none=True)
         sums = collections.Counter()
@@ -460,8 +455,8 @@ def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
 
 def step_record(run: "Run", iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
     """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
-    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
-    keys += ["dropped_completions", "completions"]
+    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy", "dropped_completions"]
+    keys.append("completions")
     totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
     step = {
         "step": run.counters["global_step"],
@@ -593,11 +588,12 @@ def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps
     )
 
 
-def log_completions(run: "Run", generated: dict):
-    """A sample of the generation batch, its first --num-completions-to-log rows (whole groups), to TensorBoard as text
-    and to wandb as a table (as TRL's log_completions): what the model writes, and what the reward made of it."""
-    count = min(run.args.num_completions_to_log, generated["input_ids"].shape[0])
-    if not run.main_process or not count:
+def log_completions(run: "Run", iteration: int, generated: dict):
+    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
+    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
+    log_completions): what the model writes, and what the reward made of it."""
+    every, count = run.args.log_completions_every, min(run.args.num_completions_to_log, generated["input_ids"].shape[0])
+    if not run.main_process or not count or not every or (iteration != 1 and iteration % every):
         return
     rows = take_rows(generated, slice(0, count))
     width = rows["completion_mask"].shape[1]
