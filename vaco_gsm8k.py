@@ -51,6 +51,7 @@ data, model and generation; `Run`, what the phases share; the run folder; the ru
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
+    python vaco_gsm8k.py --model-id model.gguf --data-file problems.jsonl --eval-every 0 --log-completions-every 1
     torchrun --nproc-per-node 8 vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4
     python vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4 --resume
 """

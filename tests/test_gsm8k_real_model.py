@@ -6,6 +6,7 @@ GSM8k's schema) and two easy ones the model sometimes solves, so some groups hav
 import glob
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
+import safetensors
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +54,9 @@ def test_smollm2_gguf_one_iteration(tmp_path, capsys):
     torch.set_num_threads(min(2, os.cpu_count()))
     args = V.parse_args(
         ["--model-id", gguf, "--data-file", str(data), "--run-dir", str(tmp_path / "run"), "--eval-every", "0"]
-        + ["--num-iterations", "1", "--prompts-per-step", "4", "--num-generations", "8", "--max-new-tokens", "24"]
-        + ["--micro-batch-size", "16", "--learning-rate", "1e-5", "--log-completions-every", "1"]
-        + ["--num-completions-to-log", "32", "--save-model"]
+        + ["--num-iterations", "1", "--prompts-per-step", "4", "--num-generations", "8", "--max-new-tokens", "16"]
+        + ["--micro-batch-size", "8", "--generation-batch-size", "16", "--learning-rate", "1e-5"]
+        + ["--log-completions-every", "1", "--num-completions-to-log", "32", "--save-model", "--final-tv-fraction", "0"]
     )
     history = V.train(args)
     out = capsys.readouterr().out
@@ -81,12 +83,14 @@ def test_smollm2_gguf_one_iteration(tmp_path, capsys):
         rewards.append(float(reward))
     assert record["reward"] == pytest.approx(sum(rewards) / 32)
 
-    # A group with reward variance: its advantages are not 0, and a gradient flows and moves the policy.
+    # A group with reward variance: its advantages are not 0, and a gradient flows (micro-batches of one group each:
+    # the groups with equal rewards add nothing to it).
     assert record["zero_std_fraction"] < 1.0, "no group had reward variance: the gradient check would be empty"
-    assert step["grad_norm"] > 0 and record["tv_final"] > 0
+    assert step["grad_norm"] > 0
 
     # What a run of this model costs: the checkpoint holds the fp32 weights and Adam's two moments (3 x 4 bytes per
     # parameter, the tied output head once), and the GGUF-loaded model saves as an ordinary one.
-    parameters = sum(p.numel() for p in V.load_model_and_tokenizer(str(tmp_path / "run" / "model"))[0].parameters())
+    with safetensors.safe_open(str(tmp_path / "run" / "model" / "model.safetensors"), "pt") as saved:
+        parameters = sum(math.prod(saved.get_slice(key).get_shape()) for key in saved.keys())
     size = os.path.getsize(tmp_path / "run" / V.CHECKPOINT)
     assert 12 * parameters < size < 12.1 * parameters, (size, parameters)
