@@ -1127,7 +1127,7 @@ def load_model_and_tokenizer(model_id: str):
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
     except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
         if local:
-            fail(f"could not load the {part} from {os.path.join(source, gguf_file or '')}: {error}")
+            fail(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
         fail(
             f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
             "with no network, pass a local model folder: --model-id /path/to/model"
