@@ -52,14 +52,18 @@ def test_smollm2_gguf_one_iteration(tmp_path, capsys):
     assert V.model_files(os.path.dirname(gguf)) == (os.path.dirname(gguf), os.path.basename(gguf))  # the folder too
     data = tmp_path / "problems.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in EASY + GSM_SYMBOLIC))
-    torch.set_num_threads(min(2, os.cpu_count()))
     args = V.parse_args(
         ["--model-id", gguf, "--data-file", str(data), "--run-dir", str(tmp_path / "run"), "--eval-every", "0"]
         + ["--num-iterations", "1", "--prompts-per-step", "3", "--num-generations", "8", "--max-new-tokens", "16"]
         + ["--micro-batch-size", "8", "--generation-batch-size", "16", "--learning-rate", "1e-5"]
         + ["--log-completions-every", "1", "--num-completions-to-log", "24", "--save-model", "--final-tv-fraction", "0"]
     )
-    history = V.train(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count()))
+    try:
+        history = V.train(args)
+    finally:
+        torch.set_num_threads(threads)  # the tests after this one keep theirs
     out = capsys.readouterr().out
     (record,) = history["iterations"]
     (step,) = history["steps"]
