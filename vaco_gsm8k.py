@@ -51,6 +51,7 @@ data, model and generation; `Run`, what the phases share; the run folder; the ru
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
     python vaco_gsm8k.py --model-id /path/to/model --data-file train.jsonl --eval-data-file test.jsonl
+    python vaco_gsm8k.py --model-id model.gguf --data-file problems.jsonl --eval-every 0 --log-completions-every 1
     torchrun --nproc-per-node 8 vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4
     python vaco_gsm8k.py --loss vaco --forward-lag 4 --run-dir runs/k4 --resume
 """
@@ -70,6 +71,7 @@ import datetime
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import io
 import itertools
 import json
@@ -125,10 +127,11 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tenso
     return advantages.flatten(), (std == 0).float().mean().item()
 
 
-def abs_deviation(log_ratio: torch.Tensor) -> float:
-    """sum |r - 1| over tokens. D = 1/2 mean|r - 1|, the sample estimate of TV(pi_theta, beta) (docs/method.md §1),
-    is half this sum over the minibatch's tokens (all micro-batches, all processes) divided by their number."""
-    return (log_ratio.exp() - 1).abs().sum().item()
+def abs_deviation(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum |r - 1| over the tokens of `mask` ([B, C] both). D = 1/2 mean|r - 1|, the sample estimate of
+    TV(pi_theta, beta) (docs/method.md §1), is half this sum over the minibatch's tokens (all micro-batches, all
+    processes) divided by their number."""
+    return (log_ratio.exp() - 1).abs()[mask].sum().item()
 
 
 def ppo_clip_loss(
@@ -136,7 +139,7 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip with asymmetric clipping: -min(r A, clip(r, 1 - low, 1 + high) A).
 
-    All arguments are 1-D over completion tokens. Returns the per-token loss and which tokens are
+    All arguments have one shape (per token: [B, C]). Returns the per-token loss and which tokens are
     clipped, i.e. have zero gradient (r > 1 + high with A > 0, or r < 1 - low with A < 0).
     """
     ratio = torch.exp(logp - logp_behaviour)
@@ -164,14 +167,10 @@ def vaco_loss(
     return -torch.where(masked, torch.zeros_like(ratio), ratio * advantages), masked
 
 
-def masked_completions(selected: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
-    """Completions with at least one masked token, and completions with any token in the loss.
-
-    `selected` is the (rows, width) loss mask; `dropped` flags the selected tokens in row-major order, as the
-    losses return them."""
-    rows = torch.zeros_like(selected)
-    rows[selected] = dropped
-    return int(rows.any(1).sum()), int(selected.any(1).sum())
+def masked_completions(mask: torch.Tensor, dropped: torch.Tensor) -> tuple[int, int]:
+    """Completions with at least one masked token, and completions with any token in the loss; `mask` is the
+    [B, C] loss mask, `dropped` the [B, C] flags the losses return."""
+    return int((dropped & mask).any(1).sum()), int(mask.any(1).sum())
 
 
 def completion_logprobs(
@@ -257,6 +256,8 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
                 with run.timed("eval"):
                     evaluate(run)
             log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
+            log_completions(run, iteration, generated)
+            warn_if_no_signal(run)
             if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
                 write_checkpoint(run, iteration)
     except Interrupted as stop:
@@ -332,7 +333,7 @@ def rewards_and_advantages(run: "Run", generated: dict, references: list[float])
         total = dict(zip(counts, run.all_reduce(list(counts.values()))))
         (shortest,) = run.all_reduce([lengths.min().item()], torch.distributed.ReduceOp.MIN)
         (longest,) = run.all_reduce([lengths.max().item()], torch.distributed.ReduceOp.MAX)
-        generated["advantages"] = advantages.to(run.device)
+        generated["rewards"], generated["advantages"] = rewards, advantages.to(run.device)
         generated["loss_mask"] = generated["completion_mask"]
         if args.mask_truncated_completions:
             generated["loss_mask"] = generated["completion_mask"] & ~generated["truncated"][:, None]
@@ -368,21 +369,48 @@ def is_over_budget(run: "Run", deviation: float, denominator: float) -> bool:
     return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
 
 
+def prescore_over_budget(run: "Run", batch: dict, denominator: float) -> Optional[bool]:
+    """VACO's D > delta/2 for the minibatch, before its update. D is the whole minibatch's (all ranks) but gradients
+    accumulate by micro-batch: a no-grad pass scores it first, so all apply one mask; with one micro-batch per rank
+    the training pass decides (None). r = 1 when log beta is the training pass's (`behaviour_logprobs`): False."""
+    args = run.args
+    if args.loss != "vaco" or batch["logp_behaviour"] is None:
+        return False
+    if run.single_pass:
+        return None
+    with run.timed("prescore"):
+        current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast)
+        deviation = abs_deviation(current - batch["logp_behaviour"], batch["loss_mask"])
+    return is_over_budget(run, deviation, denominator)
+
+
+def token_statistics(args: "Args", log_ratio, dropped, advantages, entropy, mask) -> dict:
+    """One micro-batch's sums over the tokens of `mask` (all [B, C]), for `step_record`."""
+    ratio = log_ratio.exp()
+    sums = {
+        "abs_dev": abs_deviation(log_ratio, mask),
+        "approx_kl": ((ratio - 1) - log_ratio)[mask].sum().item(),
+        "dropped": dropped[mask].sum().item(),
+        "clip_low": ((ratio < 1 - args.clip_low) & (advantages < 0))[mask].sum().item(),
+        "clip_high": ((ratio > 1 + args.clip_high) & (advantages > 0))[mask].sum().item(),
+        "entropy": entropy[mask].sum().item(),
+    }
+    if args.loss == "vaco":
+        sums["dropped_completions"], sums["completions"] = masked_completions(mask, dropped)
+    return sums
+
+
 def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
     """Optimizer step k + 1 of the generation batch, on minibatch k (forward lag k): PPO-clip or VACO's filter, the
-    gradient accumulated micro-batch by micro-batch. Returns the step's record and the tokens this rank trained on."""
+    gradient accumulated micro-batch by micro-batch. Per-token tensors are [B, C] with the loss mask, as TRL's.
+    Returns the step's record and the tokens this rank trained on."""
     args, model = run.args, run.model
     num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
     denominator = max(num_tokens, 1.0)
-    over_budget = False
-    if args.loss == "vaco" and not run.single_pass and batch["logp_behaviour"] is not None:
-        # D is a statistic of the whole minibatch (all ranks), but gradients accumulate micro-batch
-        # by micro-batch: score the minibatch first (one no-grad pass) so all use the same mask.
-        with run.timed("prescore"):
-            current = score(model, batch, args.micro_batch_size, args.temperature, run.autocast)
-            deviation = abs_deviation((current - batch["logp_behaviour"])[batch["loss_mask"]])
-            over_budget = is_over_budget(run, deviation, denominator)
-    training_tokens = 0
+    over_budget = prescore_over_budget(run, batch, denominator)
+    # With no backward lag, minibatch 0's log beta is this pass's log pi_theta (`behaviour_logprobs` skipped it).
+    own_behaviour = batch["logp_behaviour"] is None
+    behaviour_rows, training_tokens = [], 0
     with run.timed("training"):
         run.optimizer.zero_grad(set_to_none=True)
         sums = collections.Counter()
@@ -390,51 +418,46 @@ def update(run: "Run", iteration: int, k: int, batch: dict) -> tuple[dict, int]:
             width = completion_mask.shape[1]
             with run.autocast():
                 logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
-            selected = batch["loss_mask"][rows, :width]
-            if batch["logp_behaviour"] is None:
-                batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
-            if k == 0 and not args.lag:  # the skipped behaviour pass: log beta is this pass's log pi_theta
-                batch["logp_behaviour"][rows, :width] = logp.detach().float() * completion_mask
-            logp = logp[selected]
-            logp_behaviour = batch["logp_behaviour"][rows, :width][selected]
-            token_advantages = batch["advantages"][rows][:, None].expand_as(selected)[selected]
-            log_ratio = logp.detach() - logp_behaviour
-            ratio = log_ratio.exp()
-            if args.loss == "vaco" and run.single_pass:
-                over_budget = is_over_budget(run, abs_deviation(log_ratio), denominator)
-            if args.loss == "ppo-clip":
-                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, token_advantages, args.clip_low, args.clip_high)
+            loss_mask = batch["loss_mask"][rows, :width]
+            if own_behaviour:
+                behaviour_rows.append((rows, logp.detach().float() * completion_mask))
+                logp_behaviour = logp.detach()
             else:
-                per_token, dropped = vaco_loss(logp, logp_behaviour, token_advantages, over_budget)
-            loss = per_token.sum() / denominator
+                logp_behaviour = batch["logp_behaviour"][rows, :width]
+            # r = 1 off the mask (padding, masked truncations), where log beta is not a generated token's.
+            logp_behaviour = torch.where(loss_mask, logp_behaviour, logp.detach())
+            advantages = batch["advantages"][rows][:, None].expand_as(loss_mask)
+            log_ratio = logp.detach() - logp_behaviour
+            if over_budget is None:
+                over_budget = is_over_budget(run, abs_deviation(log_ratio, loss_mask), denominator)
+            if args.loss == "ppo-clip":
+                per_token, dropped = ppo_clip_loss(logp, logp_behaviour, advantages, args.clip_low, args.clip_high)
+            else:
+                per_token, dropped = vaco_loss(logp, logp_behaviour, advantages, over_budget)
+            loss = per_token[loss_mask].sum() / denominator
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite loss at iteration {iteration}, minibatch {k + 1}")
             loss.backward()
             sums["loss"] += loss.item()
-            sums["abs_dev"] += abs_deviation(log_ratio)
-            sums["approx_kl"] += ((ratio - 1) - log_ratio).sum().item()
-            sums["dropped"] += dropped.sum().item()
-            if args.loss == "vaco":
-                masked_rows, rows_with_tokens = masked_completions(selected, dropped)
-                sums["dropped_completions"] += masked_rows
-                sums["completions"] += rows_with_tokens
-            sums["clip_low"] += ((ratio < 1 - args.clip_low) & (token_advantages < 0)).sum().item()
-            sums["clip_high"] += ((ratio > 1 + args.clip_high) & (token_advantages > 0)).sum().item()
-            sums["entropy"] += entropy[selected].sum().item()
+            sums.update(token_statistics(args, log_ratio, dropped, advantages, entropy, loss_mask))
             training_tokens += int(mask.sum())
         sum_gradients(run)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
         run.optimizer.step()
+    if own_behaviour:  # frozen from here on, for the final divergence
+        batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+        for rows, logp_behaviour in behaviour_rows:
+            batch["logp_behaviour"][rows, : logp_behaviour.shape[1]] = logp_behaviour
     run.counters["global_step"] += 1
-    return step_record(run, iteration, k, sums, denominator, grad_norm, over_budget), training_tokens
+    return step_record(run, iteration, k, sums, denominator, grad_norm, bool(over_budget)), training_tokens
 
 
 def step_record(run: "Run", iteration: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool) -> dict:
     """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
-    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy"]
-    keys += ["dropped_completions", "completions"]
+    keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy", "dropped_completions"]
+    keys.append("completions")
     totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
     step = {
         "step": run.counters["global_step"],
@@ -471,7 +494,7 @@ def final_divergence(run: "Run", minibatches: list[dict]) -> Optional[float]:
             current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
             scored = batch["loss_mask"].clone()
             scored[run.final_tv_batches * args.micro_batch_size :] = False
-            deviation += abs_deviation((current - batch["logp_behaviour"])[scored])
+            deviation += abs_deviation(current - batch["logp_behaviour"], scored)
             count += scored.sum().item()
         deviation, count = run.all_reduce([deviation, count])
     return 0.5 * deviation / max(count, 1.0)
@@ -558,10 +581,70 @@ def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps
     print(
         f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
         f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-        f"len {record['response_length']:.0f} tv_final {tv_text} "
+        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
         f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
         f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
         f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
+        flush=True,
+    )
+
+
+def log_completions(run: "Run", iteration: int, generated: dict):
+    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
+    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
+    log_completions): what the model writes, and what the reward made of it."""
+    every, count = run.args.log_completions_every, min(run.args.num_completions_to_log, generated["input_ids"].shape[0])
+    if not run.main_process or not count or not every or (iteration != 1 and iteration % every):
+        return
+    rows = take_rows(generated, slice(0, count))
+    width = rows["completion_mask"].shape[1]
+    prompts = [
+        run.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
+    ]
+    completions = decode_completions(run.tokenizer, rows)
+    table = [
+        [run.counters["global_step"], prompt, completion, float(reward), float(advantage)]
+        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
+    ]
+    text = "\n\n".join(
+        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
+        + prompt.replace("\n", "\n    ")
+        + "\n\ncompletion:\n\n    "
+        + completion.replace("\n", "\n    ")
+        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
+    )
+    run.writer.add_text("completions", text, run.counters["global_step"])
+    if run.args.track:
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward", "advantage"]
+        wandb.log({"completions": wandb.Table(columns=columns, data=table)})
+
+
+NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
+
+
+def warn_if_no_signal(run: "Run"):
+    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
+    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
+    streak = 0  # the last iterations in a row with no signal
+    for record in reversed(run.history["iterations"]):
+        if record["zero_std_fraction"] < 1:
+            break
+        streak += 1
+    if not run.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
+        return
+    records = run.history["iterations"][-NO_SIGNAL_ITERATIONS:]
+    reward = np.mean([r["reward"] for r in records])
+    truncated = np.mean([r["truncated_fraction"] for r in records])
+    formatted = np.mean([r["format_rate"] for r in records])
+    print(
+        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
+        f"{run.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
+        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
+        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
+        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
         flush=True,
     )
 
@@ -580,7 +663,7 @@ def hours_minutes_seconds(seconds: float) -> str:
 # letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
 LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
-ANY_NUMBER_RE = re.compile(rf"(?<![\w.]){NUMBER}")
+ANY_NUMBER_RE = re.compile(rf"(?<![\w.,/]){NUMBER}")  # not the tail of `3/4` or `3,5` either
 THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
 LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
@@ -647,6 +730,10 @@ def compute_reward(completion: str, reference: float) -> float:
 # ======================================================================================================================
 
 
+GSM8K_ID = "openai/gsm8k"
+INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, in the form '#### <number>'."
+
+
 @dataclass
 class Args:
     exp_name: str = SCRIPT
@@ -681,7 +768,8 @@ class Args:
 
     # Model and data
     model_id: str = "Qwen/Qwen2.5-0.5B-Instruct"
-    """Hugging Face hub id or local folder of a causal LM (the paper's model is not public; ours)"""
+    """Hugging Face hub id, local save_pretrained folder, or local .gguf file (or a folder holding one) of a causal LM
+    (the paper's model is not public; ours)"""
     data_file: Optional[str] = None
     """training prompts as JSONL with `question` and `answer` ending in `#### N` (None: openai/gsm8k train split)"""
     eval_data_file: Optional[str] = None
@@ -745,6 +833,24 @@ class Args:
     """greedy evaluation every this many iterations, plus before training and at the end (0: never)"""
     eval_size: int = 256
     """number of evaluation prompts (the first ones of the evaluation set)"""
+    log_completions_every: int = 10
+    """at the first iteration and every this many, a sample of the generation batch (prompt, completion, reward,
+    advantage) goes to TensorBoard (text `completions`) and wandb (table `completions`), as TRL's log_completions
+    (0: never)"""
+    num_completions_to_log: int = 8
+    """completions in that sample: the first ones of the generation batch, so whole groups of G"""
+
+    # Prompt and data
+    instruction: str = INSTRUCTION
+    """text after the question in the user's message (ours: asks for the `#### <number>` line the reward reads)"""
+    system_prompt: Optional[str] = None
+    """a system message before the user's (chat template only; None: none)"""
+    chat_template: bool = True
+    """use the tokenizer's chat template when it has one; --no-chat-template: plain `Question: ...\nAnswer:` text"""
+    question_field: str = "question"
+    """the field of a data row holding the question (JSONL or the hub dataset)"""
+    answer_field: str = "answer"
+    """the field of a data row holding the reference answer, text ending in `#### <number>`"""
 
 
 def fail(message: str):
@@ -788,6 +894,8 @@ RULES = [
     (("eval_size",), lambda v: v >= 1, ">= 1"),
     (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
     (("lag", "eval_every", "checkpoint_every", "generation_batch_size"), lambda v: v >= 0, ">= 0"),
+    (("log_completions_every", "num_completions_to_log"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("question_field", "answer_field"), lambda v: len(v) >= 1, "a field name, not empty"),
     (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
@@ -828,6 +936,8 @@ RESUMABLE = {
     "torch_threads",
     "checkpoint_every",
     "save_model",
+    "log_completions_every",
+    "num_completions_to_log",
 }
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
@@ -862,9 +972,29 @@ def validate(args: Args) -> Optional[str]:
         problem = getattr(args, name) is not None and input_file_problem(getattr(args, name))
         if problem:
             return f"{flag(name)} {problem}"
-    if looks_like_path(args.model_id) and not os.path.isdir(os.path.expanduser(args.model_id)):
-        return f"--model-id {args.model_id}: no such model folder"
+    if looks_like_path(args.model_id):
+        problem = model_path_problem(os.path.expanduser(args.model_id))
+        if problem:
+            return f"--model-id {args.model_id}: {problem}"
     return run_dir_problem(args) if main_rank() else None
+
+
+def model_path_problem(path: str) -> Optional[str]:
+    """Why a local --model-id cannot be a model: not a folder of save_pretrained's files or one GGUF file, or a GGUF
+    file without the packages that read it."""
+    if not os.path.isdir(path) and not (os.path.isfile(path) and path.endswith(".gguf")):
+        return "no such model folder or .gguf file"
+    folder, gguf_file = model_files(path)
+    if gguf_file is None and not os.path.isfile(os.path.join(folder, "config.json")):
+        ggufs = [name for name in sorted(os.listdir(folder)) if name.endswith(".gguf")]
+        if ggufs:
+            return f"the folder holds several .gguf files ({listed(ggufs)}): pass one of them as --model-id"
+        return "the folder holds neither config.json (a save_pretrained folder) nor a .gguf file"
+    if gguf_file is not None:
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            return f"reading a .gguf file needs the packages {' and '.join(missing)} (pip install {' '.join(missing)})"
+    return None
 
 
 def input_file_problem(path: str) -> Optional[str]:
@@ -906,12 +1036,9 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
 # ======================================================================================================================
 
 
-GSM8K_ID = "openai/gsm8k"
-INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, " "in the form '#### <number>'."
-
-
-def load_jsonl(path: str) -> list[tuple[str, float]]:
-    """(question, reference) pairs from a JSONL file in openai/gsm8k's schema; bad lines exit 2."""
+def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
+    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
+    bad lines exit 2."""
     rows = []
     try:
         handle = open(path, "rb")
@@ -929,20 +1056,20 @@ def load_jsonl(path: str) -> list[tuple[str, float]]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 fail(f"{path}:{number}: malformed JSON line ({error.msg})")
-            rows.append(check_row(record, f"{path}:{number}"))
+            rows.append(check_row(record, f"{path}:{number}", fields))
     if not rows:
         fail(f"{path}: no rows")
     return rows
 
 
-def check_row(record, where: str) -> tuple[str, float]:
-    fields_ok = isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("question", "answer"))
-    if not fields_ok:
-        fail(f"{where}: expected an object with string fields 'question' and 'answer'")
-    reference = reference_answer(record["answer"])
+def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
+    question, answer = fields
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+        fail(f"{where}: expected an object with string fields '{question}' and '{answer}'")
+    reference = reference_answer(record[answer])
     if reference is None:
-        fail(f"{where}: 'answer' does not end in '#### <number>'")
-    return record["question"], reference
+        fail(f"{where}: '{answer}' does not end in '#### <number>'")
+    return record[question], reference
 
 
 def hub_resolvable() -> bool:
@@ -955,10 +1082,10 @@ def hub_resolvable() -> bool:
     return True
 
 
-def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
-    """A JSONL file when given, else openai/gsm8k (config main) from the hub."""
+def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
+    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
     if path is not None:
-        return load_jsonl(path)
+        return load_jsonl(path, fields)
     flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
     if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
         fail(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
@@ -968,28 +1095,49 @@ def load_split(path: Optional[str], split: str) -> list[tuple[str, float]]:
         dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
     except Exception as error:  # any failure here (offline, missing cache) has the same remedy
         fail(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
-    return [check_row(record, f"{GSM8K_ID} {split} row {i}") for i, record in enumerate(dataset)]
+    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
+
+
+def model_files(path: str) -> tuple[str, Optional[str]]:
+    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
+    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
+    if os.path.isfile(path):
+        return os.path.dirname(path) or ".", os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
+    return path, ggufs[0] if len(ggufs) == 1 else None
 
 
 def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes; one that cannot load exits 2, with the library's
-    whole message for a local folder (a missing tokenizer file, a truncated model.safetensors)."""
+    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
+    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
+    a local model (a missing tokenizer file, a truncated model.safetensors)."""
     local = looks_like_path(model_id)
-    source = os.path.expanduser(model_id) if local else model_id
+    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
     # With no network, a model already in the hub cache still loads, and no download is attempted.
     local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
     part = "tokenizer"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
         part = "model"
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only)
+        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
+        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
     except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
         if local:
-            fail(f"could not load the {part} from {source}: {error}")
+            fail(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
         fail(
             f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
             "with no network, pass a local model folder: --model-id /path/to/model"
         )
+    if gguf_file:
+        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
+        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
@@ -1028,12 +1176,15 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(set(eos) | {tokenizer.eos_token_id})
 
 
-def encode_prompt(tokenizer, question: str) -> list[int]:
-    """The chat template when the tokenizer has one (it adds its own special tokens), else plain text."""
-    message = f"{question}\n{INSTRUCTION}"
-    if tokenizer.chat_template:
+def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
+    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
+    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
+    args = args or Args()
+    message = f"{question}\n{args.instruction}" if args.instruction else question
+    if tokenizer.chat_template and args.chat_template:
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
@@ -1640,8 +1791,9 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         torch.set_num_threads(args.torch_threads)
 
     # Inputs first, so bad data stops the run before any model is loaded.
-    train_rows = load_split(args.data_file, "train")
-    eval_rows = load_split(args.eval_data_file, "test")[: args.eval_size] if args.eval_every > 0 else []
+    fields = (args.question_field, args.answer_field)
+    train_rows = load_split(args.data_file, "train", fields)
+    eval_rows = load_split(args.eval_data_file, "test", fields)[: args.eval_size] if args.eval_every > 0 else []
     model, tokenizer = load_model_and_tokenizer(args.model_id)
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -1697,8 +1849,8 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         checkpoint_generation_config=checkpoint_generation_config,
         train_rows=train_rows,
         eval_rows=eval_rows,
-        train_prompts=[encode_prompt(tokenizer, question) for question, _ in train_rows],
-        eval_prompts=[encode_prompt(tokenizer, question) for question, _ in eval_rows],
+        train_prompts=[encode_prompt(tokenizer, question, args) for question, _ in train_rows],
+        eval_prompts=[encode_prompt(tokenizer, question, args) for question, _ in eval_rows],
         data_rng=np.random.default_rng(args.seed),
         order=collections.deque(),
         num_iterations=args.total_steps // args.forward_lag if args.total_steps else args.num_iterations,
@@ -1710,8 +1862,13 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
 
 
 def snapshot(model) -> dict:
-    """The weights, copied to host memory: an entry of the policy buffer."""
-    return {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
+    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
+    input embedding) stay one tensor, held and checkpointed once."""
+    copies = {}
+    for value in model.state_dict().values():
+        if value.data_ptr() not in copies:
+            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
+    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
 
 
 def restore(run: Run):
