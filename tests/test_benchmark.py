@@ -1,4 +1,5 @@
-"""tools/bench/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
+"""tools/bench/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included,
+and writes it as JSON that --render prints again."""
 
 import re
 import subprocess
@@ -7,7 +8,7 @@ import sys
 from conftest import ROOT, SUBPROCESS_ENV, import_script
 
 
-def test_benchmark_prints_the_table():
+def test_benchmark_prints_the_table(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
@@ -32,6 +33,9 @@ def test_benchmark_prints_the_table():
             "0",
             "--baseline-rev",
             "HEAD",
+            "--args=--torch-threads 1",
+            "--out",
+            str(tmp_path / "table.json"),
         ],
         cwd=ROOT,
         env=SUBPROCESS_ENV,
@@ -47,9 +51,9 @@ def test_benchmark_prints_the_table():
         "physics limit (mujoco.rollout, 1 threads)",
         "env only: gymnasium",
         "env only: envpool",
-        "train ppo_mujoco lag 0 (B)",
+        "train ppo_mujoco lag 0 (B) --torch-threads 1",  # --args: the current tree's runs only
         "train ppo_mujoco lag 0 (B) at HEAD",
-        "train vaco_mujoco lag 0 (B)",
+        "train vaco_mujoco lag 0 (B) --torch-threads 1",
         "train vaco_mujoco lag 0 (B) at HEAD",
     ]
     # The current revision's default (auto) resolves to a backend for this shape; the row names the one it ran on.
@@ -61,3 +65,14 @@ def test_benchmark_prints_the_table():
     assert "current is" in rows[4] and "current is" in rows[6]
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "baseline" not in worktrees  # the temporary worktree is gone
+    for row in rows[3:]:  # training rows: the load average at the start
+        assert float(row.split("|")[6]) >= 0
+    rendered = subprocess.run(
+        [sys.executable, "-m", "tools.bench.benchmark", "--render", str(tmp_path / "table.json")],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rendered.returncode == 0 and rendered.stdout.strip() in proc.stdout
