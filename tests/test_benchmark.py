@@ -115,3 +115,14 @@ def test_mujoco_gpu_check_dry_path_on_cpu(tmp_path):
     (agreement,) = result["agreement"]
     assert agreement["device"] == {"losses": 0.0, "weights": 0.0} and agreement["passes"]
     assert agreement["reference"]["losses"] > 0 and agreement["reference"]["weights"] > 0
+
+
+def test_the_throughput_page_shows_the_committed_tables():
+    """Every table of docs/throughput.md marked as rendered is what --render prints from its file under results/."""
+    from tools.bench.benchmark import render
+
+    page = (ROOT / "docs" / "throughput.md").read_text()
+    blocks = re.findall(r"<!-- rendered from (\S+) -->\n(.*?)\n<!-- end -->", page, re.S)
+    assert len(blocks) >= 4
+    for path, shown in blocks:
+        assert shown.strip() == render(json.loads((ROOT / path).read_text())), path

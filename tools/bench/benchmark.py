@@ -224,7 +224,8 @@ def render(result):
     rows = result["rows"]
     limit, one_core = rows[0]["sps"], rows[1 if "1 thread" in rows[1]["what"] else 0]["sps"]
     lines = [
-        result["title"],
+        f"{result['title']}: `{result['command']}`",
+        "",
         "| what | env-steps/s | of physics limit | of 1-thread limit | time split | load | notes |",
         "|---|---:|---:|---:|---|---:|---|",
     ]
