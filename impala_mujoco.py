@@ -99,7 +99,8 @@ class Args:
     cuda: bool = False
     """if toggled, train on CUDA when it is available (the 64-64 MLPs are usually faster on CPU)"""
     torch_threads: int = 1
-    """torch CPU threads; results are bit-identical for the same seed and thread count"""
+    """torch CPU threads of the update (the rollout takes one); one per core pays at large minibatches on cores of
+    one's own (docs/throughput.md); results are bit-identical for the same seed and thread count"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -345,6 +346,8 @@ def main(args):
             actor_groups = [(actor_groups[0][0], slice(None))]
 
         rollout_start = time.time()
+        # The policy acts on num_envs rows per step, too few to share: one torch thread leaves the cores to the envs.
+        torch.set_num_threads(1)
         for step in range(0, args.num_steps):
             progress.global_step += args.num_envs
             obs[step] = next_obs
@@ -374,6 +377,7 @@ def main(args):
         )
         progress.rollout_seconds += time.time() - rollout_start
         update_start = time.time()
+        torch.set_num_threads(args.torch_threads)  # the update's large batches are what more threads pay for
 
         # Only the actors lag: the learner's critic values s_t and s'_t in one batched pass (docs/method.md §3).
         with torch.no_grad():

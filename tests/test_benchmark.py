@@ -1,13 +1,18 @@
-"""tools/bench/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included."""
+"""tools/bench/benchmark.py: a tiny run prints one table with every row it promises, the baseline revision's included,
+and writes it as JSON that --render prints again; tools/bench/mujoco_gpu_check.py's argument handling and its dry path
+on the CPU."""
 
+import json
 import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, SUBPROCESS_ENV, import_script
 
 
-def test_benchmark_prints_the_table():
+def test_benchmark_prints_the_table(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
@@ -32,6 +37,9 @@ def test_benchmark_prints_the_table():
             "0",
             "--baseline-rev",
             "HEAD",
+            "--args=--torch-threads 1",
+            "--out",
+            str(tmp_path / "table.json"),
         ],
         cwd=ROOT,
         env=SUBPROCESS_ENV,
@@ -47,9 +55,9 @@ def test_benchmark_prints_the_table():
         "physics limit (mujoco.rollout, 1 threads)",
         "env only: gymnasium",
         "env only: envpool",
-        "train ppo_mujoco lag 0 (B)",
+        "train ppo_mujoco lag 0 (B) --torch-threads 1",  # --args: the current tree's runs only
         "train ppo_mujoco lag 0 (B) at HEAD",
-        "train vaco_mujoco lag 0 (B)",
+        "train vaco_mujoco lag 0 (B) --torch-threads 1",
         "train vaco_mujoco lag 0 (B) at HEAD",
     ]
     # The current revision's default (auto) resolves to a backend for this shape; the row names the one it ran on.
@@ -61,3 +69,60 @@ def test_benchmark_prints_the_table():
     assert "current is" in rows[4] and "current is" in rows[6]
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "baseline" not in worktrees  # the temporary worktree is gone
+    for row in rows[3:]:  # training rows: the load average at the start
+        assert float(row.split("|")[6]) >= 0
+    rendered = subprocess.run(
+        [sys.executable, "-m", "tools.bench.benchmark", "--render", str(tmp_path / "table.json")],
+        cwd=ROOT,
+        env=SUBPROCESS_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rendered.returncode == 0 and rendered.stdout.strip() in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["--iterations", "1"], "--iterations must be at least 2"),
+        (["--num-envs", "0"], "--num-envs and --num-steps must be positive"),
+        (["--factor", "nan"], "--factor must be a positive number"),
+        (["--out", "/nonexistent-folder/x.json"], "--out: no such folder"),
+        (["--device", "cuda"], "CUDA is not available here"),  # the tests' torch is the CPU build
+    ],
+)
+def test_mujoco_gpu_check_refuses_bad_input(argv, error, capsys):
+    from tools.bench import mujoco_gpu_check
+
+    with pytest.raises(SystemExit) as exit:
+        mujoco_gpu_check.main(argv)
+    assert exit.value.code == 2 and capsys.readouterr().err.startswith(f"error: {error}")
+
+
+def test_mujoco_gpu_check_dry_path_on_cpu(tmp_path):
+    """The check's machinery on the CPU: throughput rows with their split, and an agreement of the CPU with itself
+    that is exact, against a reference (noise scaled by 1 + 1e-6) that is not."""
+    from tools.bench import mujoco_gpu_check
+
+    out = tmp_path / "check.json"
+    argv = ["--device", "cpu", "--num-envs", "4", "--num-steps", "32", "--scripts", "ppo_mujoco", "--out", str(out)]
+    assert mujoco_gpu_check.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [r["update_on"] for r in result["throughput"]] == ["cpu", f"cpu, {mujoco_gpu_check.cores()} threads"]
+    for r in result["throughput"]:
+        assert r["sps"] > 0 and r["rollout_seconds"] > 0 and r["update_seconds"] > 0
+    (agreement,) = result["agreement"]
+    assert agreement["device"] == {"losses": 0.0, "weights": 0.0} and agreement["passes"]
+    assert agreement["reference"]["losses"] > 0 and agreement["reference"]["weights"] > 0
+
+
+def test_the_throughput_page_shows_the_committed_tables():
+    """Every table of docs/throughput.md marked as rendered is what --render prints from its file under results/."""
+    from tools.bench.benchmark import render
+
+    page = (ROOT / "docs" / "throughput.md").read_text()
+    blocks = re.findall(r"<!-- rendered from (\S+) -->\n(.*?)\n<!-- end -->", page, re.S)
+    assert len(blocks) >= 4
+    for path, shown in blocks:
+        assert shown.strip() == render(json.loads((ROOT / path).read_text())), path

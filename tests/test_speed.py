@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_script
+from conftest import ROOT, SUBPROCESS_ENV, TINY, existing_scripts, read_scalars, run_in_process, run_script
 
 # Logged by each script (TINY, --lag 1, seed 1) before the rollout and update were made faster; every change since
 # kept the arithmetic. Recorded on one CPU type: another one (its SIMD width changes the order of float sums) logs
@@ -61,6 +61,18 @@ def test_pin_tolerance_admits_another_cpu_but_not_a_changed_arithmetic(script):
     assert not matches_pins(planted, pinned)
     planted = {**pinned, "losses/policy_loss": [v + 1.4e-6 for v in pinned["losses/policy_loss"]]}
     assert not matches_pins(planted, pinned)
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_the_rollout_takes_one_torch_thread_and_the_update_torch_threads(script, tmp_path, monkeypatch):
+    """--torch-threads is the update's: the policy acts on one thread, so that it leaves the cores to the envs."""
+    import torch
+
+    calls, set_num_threads = [], torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n) or set_num_threads(n))
+    run_in_process(script, *TINY, "--torch-threads", "2", "--run-dir", tmp_path)
+    # start_run's, then per iteration the rollout's and the update's (2 iterations); run_in_process resets it to 1
+    assert calls == [2] + [1, 2] * 2 + [1]
 
 
 @pytest.mark.parametrize("num_envs", [1, 8, 500])

@@ -8,16 +8,22 @@ For one task and rollout shape it measures, in env-steps per second:
 - training: each script at lag 0 and lag 8 for a few iterations, split into rollout and update time;
 - with --baseline-rev REV: the same training runs of the scripts at git revision REV (checked out into a
   temporary worktree), interleaved with the current ones, and the speed-up of the current tree over REV.
+- with --args: flags for the current tree's training runs only (e.g. --args="--torch-threads 2"), so that a flag is
+  measured against the baseline's defaults.
 Training SPS counts rollout and update time (not start-up). Absolute numbers on a shared machine drift by +-30%;
-read the fractions and the ratios, and take the median of several --repeats.
+read the fractions and the ratios, and take the median of several --repeats. Each training row gives the 1-minute
+load average at its (median) run's start. --out writes the table as JSON; --render prints the table of such a file
+(docs/throughput.md's tables are rendered from the files under results/throughput/).
 
 Usage: python -m tools.bench.benchmark --env-id Hopper-v5 --num-envs 8 --num-steps 256 --iterations 8 --baseline-rev main
+       python -m tools.bench.benchmark --render results/throughput/paper.json
 """
 
 import argparse
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -90,7 +96,8 @@ def checkout(rev):
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
 
 
-def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root=ROOT):
+def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root=ROOT, extra=()):
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [
             sys.executable,
@@ -110,6 +117,7 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root
             "0",
             "--run-dir",
             run_dir,
+            *extra,
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
@@ -117,6 +125,7 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag, root
             raise SystemExit(f"{script} failed:\n{proc.stderr[-2000:]}")
         summary = json.loads(Path(run_dir, "summary.json").read_text())
         summary["env_backend"] = json.loads(Path(run_dir, "args.json").read_text())["env_backend"]
+    summary["load"] = load
     steps = summary["global_step"]
     return steps / (summary["rollout_seconds"] + summary["update_seconds"]), summary
 
@@ -126,7 +135,7 @@ def median_run(runs):
     return sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env-id", default="HalfCheetah-v5")
     parser.add_argument("--num-envs", type=int, default=8)
@@ -141,55 +150,92 @@ def main():
     parser.add_argument("--lags", nargs="+", type=int, default=[0, 8])
     parser.add_argument("--baseline-rev", help="also train the scripts at this git revision, interleaved, for a speed-up")
     parser.add_argument("--repeats", type=int, default=1, help="training runs per row (interleaved); the median is shown")
-    args = parser.parse_args()
+    parser.add_argument("--args", default="", help="flags for the current tree's training runs (not the baseline's)")
+    parser.add_argument("--out", help="also write the table as JSON to this file")
+    parser.add_argument("--render", metavar="JSON", help="print the table of a file written by --out, and nothing else")
+    args = parser.parse_args(argv)
+    if args.render:
+        try:
+            result = json.loads(Path(args.render).read_text())
+        except (OSError, ValueError) as e:
+            parser.exit(2, f"error: cannot read {args.render}: {e}\n")
+        print(render(result))
+        return
     if args.repeats < 1:
         parser.error("--repeats must be positive")
+    try:
+        extra = shlex.split(args.args)
+    except ValueError as e:
+        parser.error(f"--args: {e}")
     with checkout(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext() as baseline:
-        run(args, baseline)
+        result = run(args, baseline, extra)
+    print("\n" + render(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 
-def run(args, baseline):
-    """Measure every row and print the table; `baseline` is the checked-out --baseline-rev or None."""
+def run(args, baseline, extra=()):
+    """Measure every row; `baseline` is the checked-out --baseline-rev or None. Returns the table as a dict."""
     steps = max(1, args.env_steps // max(1, args.num_envs // 8))  # keep the env-only runs to a few seconds
     limit = physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)
     # gymnasium's SyncVectorEnv steps on one core: its ceiling is the one-thread limit.
     one_core = limit if args.threads == 1 else physics_limit_sps(args.env_id, args.num_envs, steps, 1)
-    rows = [("physics limit (mujoco.rollout, %d threads)" % args.threads, limit, "", "")]
+    rows = [row("physics limit (mujoco.rollout, %d threads)" % args.threads, limit)]
     if args.threads > 1:
-        rows.append(("physics limit (mujoco.rollout, 1 thread)", one_core, "", ""))
+        rows.append(row("physics limit (mujoco.rollout, 1 thread)", one_core))
     for backend in ("gymnasium", "envpool"):
-        rows.append((f"env only: {backend}", env_only_sps(backend, args.env_id, args.num_envs, steps, args.threads), "", ""))
+        rows.append(row(f"env only: {backend}", env_only_sps(backend, args.env_id, args.num_envs, steps, args.threads)))
     shape = (args.env_id, args.backend, args.num_envs, args.num_steps, args.iterations)
+    flags = f" {shlex.join(extra)}" if extra else ""
     ppo_sps = {}
     for lag in args.lags:
         for script in args.scripts:
             runs, baseline_runs = [], []
             for _ in range(args.repeats):  # current and baseline alternate, so that drift hits both alike
-                runs.append(training(script, *shape, lag))
+                runs.append(training(script, *shape, lag, extra=extra))
                 if baseline is not None:
                     baseline_runs.append(training(script, *shape, lag, root=baseline))
             sps, s = median_run(runs)
             ppo_sps.setdefault(lag, sps) if script == "ppo_mujoco" else None
             ratio = f"{sps / ppo_sps[lag]:.2f}x PPO" if lag in ppo_sps else ""
-            split = f"rollout {s['rollout_seconds']:.1f}s / update {s['update_seconds']:.1f}s"
-            rows.append((f"train {script} lag {lag} ({s['env_backend']})", sps, split, ratio))
+            rows.append(row(f"train {script} lag {lag} ({s['env_backend']}){flags}", sps, s, ratio))
             if baseline is not None:
                 base_sps, b = median_run(baseline_runs)
-                split = f"rollout {b['rollout_seconds']:.1f}s / update {b['update_seconds']:.1f}s"
                 speedup = f"current is {sps / base_sps:.2f}x" + (
                     f" (per run: {', '.join(f'{r[0] / q[0]:.2f}' for r, q in zip(runs, baseline_runs))})"
                     if args.repeats > 1
                     else ""
                 )
-                rows.append(
-                    (f"train {script} lag {lag} ({b['env_backend']}) at {args.baseline_rev}", base_sps, split, speedup)
-                )
+                rows.append(row(f"train {script} lag {lag} ({b['env_backend']}) at {args.baseline_rev}", base_sps, b, speedup))
+    title = f"{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores"
+    return {"title": title, "command": shlex.join(["python", "-m", "tools.bench.benchmark", *sys.argv[1:]]), "rows": rows}
 
-    print(f"\n{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores")
-    print("| what | env-steps/s | of physics limit | of 1-thread limit | time split | vs PPO |")
-    print("|---|---:|---:|---:|---|---|")
-    for name, sps, split, ratio in rows:
-        print(f"| {name} | {sps:,.0f} | {sps / limit:.2f} | {sps / one_core:.2f} | {split} | {ratio} |")
+
+def row(name, sps, summary=None, note=""):
+    """One row of the table: a training row carries its time split and the load average at its start."""
+    r = {"what": name, "sps": sps, "note": note}
+    if summary is not None:
+        r.update(rollout_seconds=summary["rollout_seconds"], update_seconds=summary["update_seconds"], load=summary["load"])
+    return r
+
+
+def render(result):
+    """The table of a result of run(), as Markdown; fractions are of the first two rows (the physics limits)."""
+    rows = result["rows"]
+    limit, one_core = rows[0]["sps"], rows[1 if "1 thread" in rows[1]["what"] else 0]["sps"]
+    lines = [
+        f"{result['title']}: `{result['command']}`",
+        "",
+        "| what | env-steps/s | of physics limit | of 1-thread limit | time split | load | notes |",
+        "|---|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        split = f"rollout {r['rollout_seconds']:.1f}s / update {r['update_seconds']:.1f}s" if "load" in r else ""
+        load = f"{r['load']:.1f}" if "load" in r else ""
+        lines.append(
+            f"| {r['what']} | {r['sps']:,.0f} | {r['sps'] / limit:.2f} | {r['sps'] / one_core:.2f} | {split} | {load} | {r['note']} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
