@@ -19,8 +19,8 @@ kernels and is not counted. Then `torchrun --standalone --nproc-per-node 1` star
 initialises the NCCL process group (gloo on a CPU), checks an all-reduce and runs one short iteration of
 vaco_gsm8k.py.
 
-Budget: at the defaults, about 3 to 6 minutes on one H100 or H200 (an estimate: no GPU was lent to the session
-that wrote this tool, so it has not yet run on one). Writes a JSON file (--out) and prints a table.
+Budget: at the defaults, about 3 to 6 minutes on one H100 or H200 (an estimate: this tool has not yet run on
+a GPU). Writes a JSON file (--out) and prints a table.
 
 Usage:
     python -m tools.bench.gsm8k_gpu_check --out gpu_check.json                      # the 0.5B shape on the GPU
