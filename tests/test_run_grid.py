@@ -1,15 +1,15 @@
-"""Tests of round 2 of the evidence grid in tools/grid/run_grid.py: its command lines, the calibration rule of the
-TV-matched PPO on synthetic records, the refusal of tier 5 before the calibration is complete, and `--commit`.
+"""Tests of the evidence grid in tools/grid/run_grid.py: its tiers (sweep files) against the committed records, the
+label rule of tools/grid/sweeps.py, round 2's command lines, the calibration rule of the TV-matched PPO on synthetic records, the refusal of tier 5 before the calibration is complete, and `--commit`.
 
     .venv/bin/python -m pytest tests/test_run_grid.py -q
 
-Nothing here reads or writes the checkout's runs/ or results/: every call gets `--records` in tmp_path.
+Nothing here writes into the checkout: every call that may write gets `--records` in tmp_path; the tiers' cells are
+checked against the committed records (results/records/tier*), read only.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
 import shlex
 import subprocess
@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tools.grid import run_grid, run_records
 
@@ -41,6 +42,27 @@ def dry_lines(proc) -> list[str]:
     return proc.stdout.splitlines()
 
 
+def options(argv) -> dict:
+    """{flag: value} of a command line, in either form (`--a-b v` or `--a_b=v`; `--no-x` is x False)."""
+    flags, i = {}, 0
+    while i < len(argv):
+        key, eq, value = argv[i][2:].partition("=")
+        if not eq and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+            key, value = (key[3:], "False") if key.startswith("no-") else (key, "True")
+        elif not eq:
+            value, i = argv[i + 1], i + 1
+        flags[key.replace("_", "-")] = value
+        i += 1
+    return flags
+
+
+def canonical(line: str) -> tuple[str, dict]:
+    """(the script, its flags) of a dry-run line, whatever the order and form of the flags."""
+    argv = shlex.split(line.split("  #")[0])
+    assert argv[0] == "OMP_NUM_THREADS=1" and argv[1] == sys.executable
+    return argv[2], options(argv[3:])
+
+
 def expected_line(script, label, env, seed, lag, tier, flags, steps=500000):
     """The command line of one run, written out here independently of the runner's code."""
     run = f"runs/tier{tier}/{env}__{label}__lag{lag}__s{seed}"
@@ -50,6 +72,11 @@ def expected_line(script, label, env, seed, lag, tier, flags, steps=500000):
         + (f" {flags}" if flags else "")
         + f" {SHAPE}"
     )
+
+
+def same_run(line: str, *expected, **kw) -> bool:
+    """The dry-run line runs the expected script with the expected flags (order and form aside)."""
+    return canonical(line) == canonical(expected_line(*expected, **kw))
 
 
 # ------------------------------------------------------------------------------- synthetic records
@@ -183,9 +210,9 @@ def test_tier5_refused_until_the_calibration_is_complete(tmp_path):
     proc = runner("--tier", "5", *common)
     tier5 = dry_lines(proc)
     assert "chosen: --clip-coef 0.4" in proc.stderr and len(tier5) == 60
-    assert tier5[0] == expected_line("ppo", "ppo-clip0.4", "Hopper-v5", 1, 0, 5, "--clip-coef 0.4", steps=T)
-    assert all("--exp-name ppo-clip0.4 " in x and " --clip-coef 0.4 " in x for x in tier5)
-    assert {(x.split("--env-id ")[1].split()[0], x.split("--lag ")[1].split()[0]) for x in tier5} == {
+    assert same_run(tier5[0], "ppo", "ppo-clip0.4", "Hopper-v5", 1, 0, 5, "--clip-coef 0.4", steps=T)
+    assert all(canonical(x)[1]["exp-name"] == "ppo-clip0.4" and canonical(x)[1]["clip-coef"] == "0.4" for x in tier5)
+    assert {(canonical(x)[1]["env-id"], canonical(x)[1]["lag"]) for x in tier5} == {
         (t, k) for t in TASKS for k in ("0", "4", "8")
     }
     every = dry_lines(runner("--round", "2", *common))
@@ -198,24 +225,24 @@ def test_round2_command_lines(tmp_path):
     lines = dry_lines(proc)
     tiers = [x.split("--run-dir runs/tier")[1][0] for x in lines]
     assert tiers == ["4"] * 18 + ["6"] * 40 + ["7"] * 60 + ["8"] * 20
-    assert lines[0] == expected_line("ppo", "ppo-clip0.3", "Hopper-v5", 101, 0, 4, "--clip-coef 0.3")
-    assert lines[5] == expected_line("ppo", "ppo-clip0.5", "Walker2d-v5", 101, 0, 4, "--clip-coef 0.5")
-    assert lines[17] == expected_line("ppo", "ppo-clip0.5", "Walker2d-v5", 103, 0, 4, "--clip-coef 0.5")
+    assert same_run(lines[0], "ppo", "ppo-clip0.3", "Hopper-v5", 101, 0, 4, "--clip-coef 0.3")
+    assert same_run(lines[5], "ppo", "ppo-clip0.5", "Walker2d-v5", 101, 0, 4, "--clip-coef 0.5")
+    assert same_run(lines[17], "ppo", "ppo-clip0.5", "Walker2d-v5", 103, 0, 4, "--clip-coef 0.5")
     one_pass = "--update-epochs 1 --no-norm-adv --no-clip-vloss"
-    assert lines[18] == expected_line("impala", "impala-1pass", "Hopper-v5", 1, 0, 6, one_pass)
-    assert lines[21] == expected_line("impala", "impala-1pass", "Walker2d-v5", 1, 8, 6, one_pass)
-    assert lines[58] == expected_line("ppo", "ppo", "HalfCheetah-v5", 1, 0, 7, "")
-    assert lines[59] == expected_line("vaco", "vaco", "HalfCheetah-v5", 1, 0, 7, "")
-    assert lines[62] == expected_line("ppo", "ppo", "HalfCheetah-v5", 1, 4, 7, "")  # lags 0, 8, then 4
-    assert lines[118] == expected_line("vaco", "vaco-delta0.1", "Hopper-v5", 1, 8, 8, "--tv-threshold 0.1")
-    assert lines[-1] == expected_line("vaco", "vaco-delta0.4", "Walker2d-v5", 5, 8, 8, "--tv-threshold 0.4")
+    assert same_run(lines[18], "impala", "impala-1pass", "Hopper-v5", 1, 0, 6, one_pass)
+    assert same_run(lines[21], "impala", "impala-1pass", "Walker2d-v5", 1, 8, 6, one_pass)
+    assert same_run(lines[58], "ppo", "ppo", "HalfCheetah-v5", 1, 0, 7, "")
+    assert same_run(lines[59], "vaco", "vaco", "HalfCheetah-v5", 1, 0, 7, "")
+    assert same_run(lines[62], "ppo", "ppo", "HalfCheetah-v5", 1, 4, 7, "")  # lags 0, 8, then 4
+    assert same_run(lines[118], "vaco", "vaco-delta0.1", "Hopper-v5", 1, 8, 8, "--tv-threshold 0.1")
+    assert same_run(lines[-1], "vaco", "vaco-delta0.4", "Walker2d-v5", 5, 8, 8, "--tv-threshold 0.4")
     # seed-major inside each tier; the cells of each tier
     for tier, seeds in (("4", [101, 102, 103]), ("6", range(1, 11)), ("7", range(1, 11)), ("8", range(1, 6))):
-        got = [int(x.split("--seed ")[1].split()[0]) for x, t in zip(lines, tiers) if t == tier]
+        got = [int(canonical(x)[1]["seed"]) for x, t in zip(lines, tiers) if t == tier]
         assert got == sorted(got) and set(got) == set(seeds)
     # the first grid's tiers are untouched by round 2: a hand-written line and the count
     first = dry_lines(runner("--round", "1", "--records", str(tmp_path), "--dry-run"))
-    assert len(first) == 200 and first[0] == expected_line("ppo", "ppo", "Hopper-v5", 1, 0, 1, "")
+    assert len(first) == 200 and same_run(first[0], "ppo", "ppo", "Hopper-v5", 1, 0, 1, "")
     assert first == dry_lines(runner("--tier", "1", "2", "3", "--records", str(tmp_path), "--dry-run"))
     for bad in (["--round", "2", "--tier", "4"], ["--round", "3"], ["--round", "2", "--algos", "ppo"]):
         proc = runner(*bad, "--dry-run")
@@ -284,66 +311,63 @@ def test_commit_each_record(tmp_path):
     assert proc.returncode == 0 and proc.stdout.count("not committed (git add failed") == 2, proc.stdout
 
 
-# ------------------------------------------------------------------------------- the round-2 wandb sweeps
+# ------------------------------------------------------------------------------- the tiers are sweep files
 
 
-def sweep_cells(path: Path) -> tuple[str, set]:
-    """(script, {(label, task, lag, seed, flags)}) of a round-2 sweep, from its grid (the product of its values)."""
-    import yaml
-
-    config = yaml.safe_load(path.read_text())
-    params = config["parameters"]
-    names = list(params)
-    choices = [params[n]["values"] if "values" in params[n] else [params[n]["value"]] for n in names]
-    shape = {"total_timesteps": 500000, "num_envs": 8, "num_steps": 256, "eval_episodes": 10, "lag_mode": "uniform"}
-    shape.update(env_backend="gymnasium")
-    script = config["program"].removesuffix("_mujoco.py")
-    cells = set()
-    for combo in itertools.product(*choices):
-        p = dict(zip(names, combo))
-        assert all(p[k] == v for k, v in shape.items()), path.name
-        label = run_records.algo_label({"exp_name": p.get("exp_name", f"{script}_mujoco"), **p})
-        flags = tuple(sorted((k, v) for k, v in p.items() if k in ("clip_coef", "update_epochs", "norm_adv", "clip_vloss")))
-        cells.add((label, p["env_id"], p["lag"], p["seed"], flags))
-    return script, cells
-
-
-def runner_cells(records: Path, tier: int, *extra) -> set:
-    """The same tuples from the runner's command lines of one tier."""
-    lines = dry_lines(runner("--tier", str(tier), "--records", str(records), *extra, "--dry-run"))
-    cells = set()
-    for line in lines:
-        argv = shlex.split(line.split("  #")[0])[3:]
-        opt = {a[2:]: b for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")}
-        flags = []
-        if "clip-coef" in opt:
-            flags.append(("clip_coef", float(opt["clip-coef"])))
-        if "update-epochs" in opt:
-            flags += [("clip_vloss", "--no-clip-vloss" not in argv), ("norm_adv", "--no-norm-adv" not in argv)]
-            flags.append(("update_epochs", int(opt["update-epochs"])))
-        cells.add((opt["exp-name"], opt["env-id"], int(opt["lag"]), int(opt["seed"]), tuple(sorted(flags))))
-    return cells
+@pytest.mark.parametrize("tier", sorted(run_grid.TIERS))
+def test_tier_cells_are_the_committed_records(tier):
+    """Each tier, read from its sweep files, has exactly the committed records' cells: every record is seen as done
+    (the same file names), and every run's command line has the arguments its record holds (label included)."""
+    folder = REPO / "results" / "records" / f"tier{tier}"
+    lines = dry_lines(runner("--tier", str(tier), "--dry-run"))
+    assert all(x.endswith("  # record exists, would skip") for x in lines)
+    names = [shlex.split(x.split("  #")[0])[-1].split("/")[-1] for x in lines]  # each line ends with its run folder
+    assert sorted(f"{name}.json.gz" for name in names) == sorted(p.name for p in folder.glob("*.json.gz"))
+    for name, line in zip(names, lines):
+        record = run_records.read_record(folder / f"{name}.json.gz")
+        script, flags = canonical(line)
+        assert (
+            Path(script).name == f"{record['args']['exp_name'].split('-')[0]}_mujoco.py"
+            and record["algo"] == flags["exp-name"]
+        )
+        for key, value in flags.items():
+            if key not in ("run-dir", "torch-threads", "env-threads"):  # the runner's thread counts are its own
+                assert str(record["args"][key.replace("-", "_")]) == value, (name, key)
 
 
-def test_round2_sweeps_match_the_runner(tmp_path):
-    """Each round-2 sweep has the cells (label, task, lag, seed, algorithm flags) and the shape of its tier."""
-    sweeps = {p.stem: sweep_cells(p) for p in sorted((REPO / "sweeps").glob("round2_*.yaml"))}
-    assert len(sweeps) == 8
-    empty = tmp_path / "empty"
-    # tier 4: the same (clip, task, lag, seed); the sweep has one label for its three clips (the rule reads the clip)
-    script, cells = sweeps["round2_ppo_clip_calibration"]
-    assert script == "ppo" and {x[0] for x in cells} == {"ppo-clip-calibration"}
-    assert {x[1:] for x in cells} == {x[1:] for x in runner_cells(empty, 4)}
-    # tier 5: each candidate's file has the cells the runner builds once that candidate is chosen
-    for c in run_grid.CALIBRATION_CLIPS:
-        expected = {
-            (f"ppo-clip{c}", t, k, s, (("clip_coef", float(c)),)) for t in TASKS for k in (0, 4, 8) for s in range(1, 11)
-        }
-        assert sweeps[f"round2_ppo_tv_matched_clip{c}"] == ("ppo", expected)
-    write_first_grid_vaco(tmp_path)
-    write_calibration(tmp_path)  # chooses 0.4
-    assert runner_cells(tmp_path, 5, "--total-timesteps", str(T)) == sweeps["round2_ppo_tv_matched_clip0.4"][1]
-    assert sweeps["round2_impala_one_pass"] == ("impala", runner_cells(empty, 6))
-    ppo, vaco = sweeps["round2_halfcheetah_ppo"], sweeps["round2_halfcheetah_vaco"]
-    assert (ppo[0], vaco[0]) == ("ppo", "vaco") and ppo[1] | vaco[1] == runner_cells(empty, 7)
-    assert sweeps["round2_vaco_delta"] == ("vaco", runner_cells(empty, 8))
+def test_sweep_labels():
+    """The label rule of tools/grid/sweeps.py, on a file written here: exp_name, or the script's name, then the varied
+    parameters (short names; `no` for false; numbers as :g writes them); folder names from it; collisions refused."""
+    from tools.grid.sweeps import read_sweep
+
+    def cells(tmp, params):
+        path = Path(tmp) / "s.yaml"
+        path.write_text(yaml.safe_dump({"program": "vaco_mujoco.py", "method": "grid", "parameters": params}))
+        return read_sweep(path)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        got = cells(tmp, {"env_id": {"values": ["Hopper-v5"]}, "realign": {"values": [True, False]},
+                          "rho_bar": {"values": [2.0]}, "lag": {"values": [8]}, "seed": {"values": [3]}})  # fmt: skip
+        assert [(c.name, c.label) for c in got] == [
+            ("Hopper-v5__vaco-rhobar2__lag8__s3", "vaco-rhobar2"),
+            ("Hopper-v5__vaco-norealign-rhobar2__lag8__s3", "vaco-norealign-rhobar2"),
+        ]
+        assert got[1].flags()[:2] == ["--exp_name=vaco-norealign-rhobar2", "--env_id=Hopper-v5"]
+        named = cells(tmp, {"exp_name": {"value": "mine"}, "env_id": {"values": ["A-v0"]}, "lag": {"values": [0]}})
+        assert [c.name for c in named] == ["A-v0__mine__lag0"] and named[0].flags() == [
+            "--exp_name=mine",
+            "--env_id=A-v0",
+            "--lag=0",
+        ]
+        with pytest.raises(ValueError, match="share a run folder"):
+            cells(tmp, {"a": {"values": ["1", 1]}, "lag": {"values": [0]}})  # both are -a1
+
+
+def test_sweep_option_runs_a_sweep_file(tmp_path):
+    """--sweep: the same cells, folders and flags as the launcher, without the wandb-only parameters."""
+    lines = dry_lines(runner("--sweep", str(REPO / "sweeps" / "round2_vaco_delta.yaml"), "--seeds", "1", "--dry-run"))
+    assert len(lines) == 4 and not any("--track" in x for x in lines)
+    script, flags = canonical(lines[0])
+    assert flags["run-dir"] == "runs/grid/Hopper-v5__vaco-delta0.1__lag8__s1" and flags["tv-threshold"] == "0.1"
+    proc = runner("--sweep", str(tmp_path / "none.yaml"), "--dry-run")
+    assert proc.returncode == 2 and "none.yaml cannot be read" in proc.stderr

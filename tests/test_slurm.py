@@ -226,7 +226,8 @@ def test_every_sweep_file_is_a_grid_of_distinct_cells():
         cells = read_sweep(path)
         assert cells and len({cell.name for cell in cells}) == len(cells), path
     cells = read_sweep(ROOT / "sweeps" / "round2_vaco_delta.yaml")
-    assert len(cells) == 20 and cells[0].name == "Hopper-v5__vaco-tv_threshold0.1__lag8__s1"
+    assert len(cells) == 20 and cells[0].name == "Hopper-v5__vaco-delta0.1__lag8__s1"
+    assert cells[0].flags()[0] == "--exp_name=vaco-delta0.1"
     assert "--env_backend=gymnasium" in cells[0].flags() and "--track=True" in cells[0].flags()
 
 

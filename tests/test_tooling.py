@@ -108,7 +108,7 @@ def test_sweep_renders_and_script_accepts(sweep, tmp_path, monkeypatch):
     assert config["method"] == "grid" and config["program"] in SCRIPTS
     grid = expand_grid(config)
     assert {"env_id", "lag", "seed"} <= set(config["parameters"])
-    if sweep.stem.startswith("round2_"):  # the evidence grid's round 2: its lags (tests/test_run_grid.py checks its cells)
+    if sweep.stem.startswith(("round1_", "round2_")):  # the evidence grid's lags (tests/test_run_grid.py checks its cells)
         assert set(config["parameters"]["lag"]["values"]) <= {0, 4, 8}
     else:
         assert len(config["parameters"]["lag"]["values"]) == 5  # five degrees of asynchronicity
@@ -398,16 +398,14 @@ def test_tiers(tmp_path):
     assert (len(t1), len(t2), len(t3)) == (120, 40, 40)
     for r in t1 + t2 + t3:
         flags = " ".join(r.cmd)
-        assert (
-            "--total-timesteps 500000" in flags
-            and "--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform" in flags
-        )
+        assert "--total_timesteps=500000" in flags and "--num_envs=8 --num_steps=256 --eval_episodes=10" in flags
+        assert "--lag_mode=uniform --env_backend=gymnasium" in flags and "--track" not in flags
         assert (
             r.record.parent.name == f"tier{1 if r in t1 else 2 if r in t2 else 3}" and r.record.parent.parent.name == "records"
         )
         assert r.record.name == r.run_dir.name + ".json.gz"
     assert {(r.variant.label, r.lag) for r in t2} == {("vaco-norealign", 8), ("vaco-nofilter", 8)}
-    assert {r.variant.flags[0] for r in t2} == {"--no-realign", "--no-filter"}
+    assert {r.variant.flags[1] for r in t2} == {"--realign=False", "--filter=False"}
     assert {r.variant.label for r in t3} == {"spo", "impala"} and {r.seed for r in t3} == {1, 2, 3, 4, 5}
     assert {r.env for r in t1} == {"Hopper-v5", "Walker2d-v5"} and {r.lag for r in t1} == {0, 4, 8}
     # seed-major; within a seed lags 0 and 8 first (both algorithms and tasks), then lag 4
@@ -420,12 +418,15 @@ def test_tiers(tmp_path):
     assert len(every) == 200 and [r.seed for r in every] == sorted(r.seed for r in every)
     assert [r.run_dir.parent.name for r in every[:24]] == ["tier1"] * 12 + ["tier2"] * 4 + ["tier3"] * 8
     assert len(runs("--tier", "1", "--seeds", "1", "2")) == 24
-    for r in (t1[0], t1[1], t2[0], t3[0], t3[1]):  # the real scripts accept every tier's command line
+    for r in (t1[0], t1[1], t2[0], t2[1], t3[0], t3[1]):  # the real scripts accept every tier's command line
         # The run folder goes to tmp_path: the checkout's own runs/ may hold a run of the grid.
         argv = [str(tmp_path / r.run_dir.name) if a == str(r.run_dir) else a for a in r.cmd[2:]]
         args = script_module(Path(r.cmd[1]).name).parse_args(argv)
         assert (args.num_envs, args.num_steps, args.eval_episodes, args.lag_mode) == (8, 256, 10, "uniform")
         assert (args.total_timesteps, args.exp_name, args.lag) == (500_000, r.variant.label, r.lag)
+        assert (args.torch_threads, args.env_threads, args.track) == (1, 1, False)
+        if r in t2:
+            assert (args.realign, args.filter) == (r.variant.label != "vaco-norealign", r.variant.label != "vaco-nofilter")
     for bad in (["--tier", "1", "--algos", "ppo"], ["--tier", "1", "--total-timesteps", "1000"], ["--tier", "9"]):
         proc = run_runner(bad + ["--dry-run"])
         assert proc.returncode == 2 and "error:" in proc.stderr, bad

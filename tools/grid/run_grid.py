@@ -20,19 +20,23 @@ over with the script's `--overwrite` (which deletes only what a run wrote, and r
 anything else), or with `--resume-unfinished` continued from its last checkpoint (the script gets `--resume`).
 `--max-runs N` starts at most N runs; `--time-budget` starts no run that would not finish within the budget (judged by the runs finished so far); both leave the rest for the next call.
 
-Tiers (`--tier`, the evidence grid; every run `--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode
-uniform --env-backend gymnasium`, 500k steps, records in results/records/tier{N}, run folders in runs/tier{N}):
-  1: ppo, vaco x Hopper-v5, Walker2d-v5 x lags 0, 4, 8 x seeds 1-10 (120 runs)
-  2: vaco-norealign, vaco-nofilter x both tasks x lag 8 x seeds 1-10 (40 runs)
-  3: spo, impala x both tasks x lags 0, 8 x seeds 1-5 (40 runs)
+Grids from sweep files. `--sweep FILE...` runs the cells of wandb grid sweep files (sweeps/*.yaml), the same
+cells, labels and folder names as the SLURM launcher (tools/grid/sweeps.py gives the rule), without the parameters
+only wandb's agent needs (track, wandb_project_name: add `-- --track` to track).
+Tiers (`--tier`, the evidence grid) are lists of sweep files (TIERS below), which define every tier's cells: 500k
+steps, `--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform --env-backend gymnasium`; records in
+results/records/tier{N}, run folders in runs/tier{N}:
+  1: sweeps/round1_ppo.yaml, round1_vaco.yaml: both tasks (Hopper-v5, Walker2d-v5) x lags 0, 4, 8 x seeds 1-10
+  2: round1_vaco_norealign.yaml, round1_vaco_nofilter.yaml: both tasks x lag 8 x seeds 1-10
+  3: round1_spo.yaml, round1_impala.yaml: both tasks x lags 0, 8 x seeds 1-5
 Round 2 (`--round 2` = tiers 4-8 in this order; the criteria, written first: docs/evidence_round2.md):
-  4: ppo-clip0.3, ppo-clip0.4, ppo-clip0.5 (PPO --clip-coef X) x both tasks x lag 0 x seeds 101-103 (18 runs)
-  5: ppo-clip<X> for the calibrated X x both tasks x lags 0, 4, 8 x seeds 1-10 (60 runs): X is chosen from tier
-     4's records (and tier 1's VACO) by the calibration rule; until those are complete, `--tier 5` is refused
-     and `--round 2` leaves tier 5 for its next call
-  6: impala-1pass (--update-epochs 1 --no-norm-adv --no-clip-vloss) x both tasks x lags 0, 8 x seeds 1-10 (40 runs)
-  7: ppo, vaco x HalfCheetah-v5 x lags 0, 4, 8 x seeds 1-10 (60 runs)
-  8: vaco-delta0.1, vaco-delta0.4 x both tasks x lag 8 x seeds 1-5 (20 runs)
+  4: round2_ppo_clip_calibration.yaml: PPO --clip-coef 0.3, 0.4, 0.5 x both tasks x lag 0 x seeds 101-103
+  5: round2_ppo_tv_matched_clip<X>.yaml for the calibrated X: both tasks x lags 0, 4, 8 x seeds 1-10; X is chosen
+     from tier 4's records (and tier 1's VACO) by the calibration rule; until those are complete, `--tier 5` is
+     refused and `--round 2` leaves tier 5 for its next call
+  6: round2_impala_one_pass.yaml: IMPALA with one epoch and its own losses x both tasks x lags 0, 8 x seeds 1-10
+  7: round2_halfcheetah_ppo.yaml, round2_halfcheetah_vaco.yaml: HalfCheetah-v5 x lags 0, 4, 8 x seeds 1-10
+  8: round2_vaco_delta.yaml: VACO --tv-threshold 0.1, 0.4 x both tasks x lag 8 x seeds 1-5
 With `--tier`, `--seeds` may restrict the seeds; changing the budget or the flags of a tier requires an
 explicit `--records` (so that a modified tier never writes into the committed records). `--commit` commits
 each record (that file only) as soon as its run finishes.
@@ -45,7 +49,7 @@ Round 2's tiers run one after another (4, 5, 6, 7, 8), each seed-major: each ans
 Every run gets `OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1`, `--torch-threads 1` and `--env-threads 1` (EnvPool's
 worker threads), so `--workers N` uses about N cores.
 
-Algorithm labels (`--algos`); the label becomes the run's `--exp-name`, which `tools/grid/aggregate.py` uses to
+Algorithm labels (`--algos`, a grid given on the command line); the label becomes the run's `--exp-name`, which `tools/grid/aggregate.py` uses to
 group runs:
   ppo, vaco, spo, impala                  the four scripts with their defaults
   vaco-nofilter, vaco-norealign,          VACO ablations (realignment off, filter off, both off)
@@ -76,7 +80,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from tools.grid.run_records import is_finished, read_record, record_from_run_dir, write_record
+from tools.grid.sweeps import read_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_ALGOS = ("ppo", "vaco", "spo", "impala")
@@ -92,40 +99,40 @@ ABLATIONS = (
     "vaco-rhobar2",
     "vaco-rhobar5",
 )
-TASKS = ["Hopper-v5", "Walker2d-v5"]
-# The evidence grid: algorithms, lags and seeds of each tier; the budget and flags are common to all tiers.
+# The evidence grid's tiers: each a list of sweep files (sweeps/{stem}.yaml), which define its cells (tasks, lags,
+# seeds, budget, shape and the algorithms' flags). Tier 5's file is the calibrated clip's: `{clip}` is filled in
+# from tier 4's records (calibrate below).
+SWEEPS = REPO / "sweeps"
 TIERS = {
-    1: {"algos": ["ppo", "vaco"], "envs": TASKS, "lags": [0, 4, 8], "seeds": list(range(1, 11))},
-    2: {"algos": ["vaco-norealign", "vaco-nofilter"], "envs": TASKS, "lags": [8], "seeds": list(range(1, 11))},
-    3: {"algos": ["spo", "impala"], "envs": TASKS, "lags": [0, 8], "seeds": list(range(1, 6))},
+    1: ["round1_ppo", "round1_vaco"],
+    2: ["round1_vaco_norealign", "round1_vaco_nofilter"],
+    3: ["round1_spo", "round1_impala"],
+    # Round 2 (docs/evidence_round2.md, written before its runs): the controls a reviewer asks for, at round 1's
+    # budget, shape and backend, so that its cells compare with round 1's.
+    4: ["round2_ppo_clip_calibration"],
+    5: ["round2_ppo_tv_matched_clip{clip}"],
+    6: ["round2_impala_one_pass"],
+    7: ["round2_halfcheetah_ppo", "round2_halfcheetah_vaco"],
+    8: ["round2_vaco_delta"],
 }
-# Round 2 (docs/evidence_round2.md, written before its runs): the controls a reviewer asks for. Same budget,
-# shape and backend as the tiers above, so that its cells compare with theirs.
-CALIBRATION_CLIPS = ("0.3", "0.4", "0.5")  # PPO --clip-coef candidates for the TV-matched PPO
-CALIBRATION_SEEDS = (101, 102, 103)  # disjoint from the measuring seeds 1-10: choosing eps and measuring it stay apart
-TV_WINDOW = (0.2, 0.8)  # the TV is averaged over logged steps in (0.2 T, 0.8 T]: the last 10% are the annealed regime
-# IMPALA as it is used: each sample in one gradient step, and IMPALA's own losses (no advantage normalisation, no
-# value clipping); every other setting stays as in the tier-3 rows (docs/evidence_round2.md says why).
-IMPALA_ONE_PASS = "impala-1pass=impala --update-epochs 1 --no-norm-adv --no-clip-vloss"
-TIERS.update(
-    {
-        4: {
-            "algos": [f"ppo-clip{c}=ppo --clip-coef {c}" for c in CALIBRATION_CLIPS],
-            "envs": TASKS,
-            "lags": [0],
-            "seeds": list(CALIBRATION_SEEDS),
-        },
-        5: {"algos": None, "envs": TASKS, "lags": [0, 4, 8], "seeds": list(range(1, 11))},  # algos: the calibrated PPO
-        6: {"algos": [IMPALA_ONE_PASS], "envs": TASKS, "lags": [0, 8], "seeds": list(range(1, 11))},
-        7: {"algos": ["ppo", "vaco"], "envs": ["HalfCheetah-v5"], "lags": [0, 4, 8], "seeds": list(range(1, 11))},
-        8: {"algos": ["vaco-delta0.1", "vaco-delta0.4"], "envs": TASKS, "lags": [8], "seeds": list(range(1, 6))},
-    }
-)
 ROUNDS = {1: [1, 2, 3], 2: [4, 5, 6, 7, 8]}
-TIER_TIMESTEPS = 500_000
-# The committed records were made with gymnasium's SyncVectorEnv (the scripts' default then): a rerun stays on it.
-TIER_FLAGS = ["--num-envs", "8", "--num-steps", "256", "--eval-episodes", "10", "--lag-mode", "uniform"]
-TIER_FLAGS += ["--env-backend", "gymnasium"]
+# Parameters of a sweep file that only wandb's agent needs: a local run tracks if given `-- --track`.
+WANDB_ONLY = ("track", "wandb_project_name", "wandb_entity")
+
+
+def sweep_values(stem: str, key: str) -> list:
+    """The values a sweep file gives a parameter (`values`, or `[value]`)."""
+    spec = yaml.safe_load((SWEEPS / f"{stem}.yaml").read_text())["parameters"][key]
+    return list(spec["values"]) if "values" in spec else [spec["value"]]
+
+
+# The calibration of the TV-matched PPO: tier 4's candidates, seeds and tasks; VACO's seeds of tier 1.
+CALIBRATION_CLIPS = tuple(f"{c:g}" for c in sweep_values("round2_ppo_clip_calibration", "clip_coef"))
+CALIBRATION_SEEDS = tuple(sweep_values("round2_ppo_clip_calibration", "seed"))  # disjoint from the measuring seeds
+TASKS = sweep_values("round2_ppo_clip_calibration", "env_id")
+VACO_SEEDS = sweep_values("round1_vaco", "seed")
+TIER_TIMESTEPS = sweep_values("round2_ppo_clip_calibration", "total_timesteps")[0]
+TV_WINDOW = (0.2, 0.8)  # the TV is averaged over logged steps in (0.2 T, 0.8 T]: the last 10% are the annealed regime
 
 
 @dataclass
@@ -193,17 +200,23 @@ def lag_order(lags) -> list[int]:
     return lags[:1] + lags[-1:] + lags[1:-1] if len(lags) > 1 else lags
 
 
-def grid_runs(opts, algos, envs, lags, seeds, total_timesteps, extra, out, records) -> list[Run]:
-    variants = [parse_variant(s) for s in algos]
-    labels = [v.label for v in variants]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate algorithm labels in {labels}")
+def script_paths(opts) -> dict[str, Path]:
+    """{algorithm: its script}: {algo}_mujoco.py in --script-dir, or a --script override."""
     scripts = {b: Path(opts.script_dir) / f"{b}_mujoco.py" for b in BASE_ALGOS}
     for override in opts.script or []:
         base, _, path = override.partition("=")
         if base not in BASE_ALGOS or not path:
             raise ValueError(f"--script {override!r}: expected BASE=PATH with BASE in {BASE_ALGOS}")
         scripts[base] = Path(path)
+    return scripts
+
+
+def grid_runs(opts, algos, envs, lags, seeds, total_timesteps, extra, out, records) -> list[Run]:
+    variants = [parse_variant(s) for s in algos]
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate algorithm labels in {labels}")
+    scripts = script_paths(opts)
     modes = opts.lag_modes or [None]
     runs = []
     for seed in seeds:
@@ -300,13 +313,13 @@ def calibrate(records_parent, total_timesteps=TIER_TIMESTEPS) -> Calibration:
     for rec in _records(parent / "tier1"):
         args = rec.get("args") or {}
         if rec.get("algo") == "vaco" and rec.get("lag") == 0 and args.get("total_timesteps") == total_timesteps:
-            if rec.get("task") in TASKS and rec.get("seed") in TIERS[1]["seeds"]:
+            if rec.get("task") in TASKS and rec.get("seed") in VACO_SEEDS:
                 vaco.setdefault((rec["task"], rec["seed"]), window_tv(rec))
     for c in CALIBRATION_CLIPS:
         for t in TASKS:
             missing += [f"{t}__ppo-clip{c}__lag0__s{s}" for s in CALIBRATION_SEEDS if (c, t, s) not in ppo]
     for t in TASKS:
-        missing += [f"{t}__vaco__lag0__s{s} (tier1)" for s in TIERS[1]["seeds"] if (t, s) not in vaco]
+        missing += [f"{t}__vaco__lag0__s{s} (tier1)" for s in VACO_SEEDS if (t, s) not in vaco]
     missing += [f"{k} (no TV in the window)" for k, v in {**ppo, **vaco}.items() if not np.isfinite(v)]
     vaco_tv = {t: float(np.mean([v for (tt, _), v in vaco.items() if tt == t])) for t in TASKS if any(k[0] == t for k in vaco)}
     ppo_tv = {}
@@ -327,16 +340,16 @@ def calibrate(records_parent, total_timesteps=TIER_TIMESTEPS) -> Calibration:
 
 
 def tiers_to_run(opts) -> tuple[dict[int, list[str]], list[str]]:
-    """{tier: its algorithm labels} of this call, and notes for stderr. Tier 5's algorithm is the calibrated PPO,
-    so it needs the calibration (tier 4) complete: asked for with tier 4 in the same call it is left for the next
-    call; asked for without it, refused."""
+    """{tier: its sweep files' stems} of this call, and notes for stderr. Tier 5's file is the calibrated PPO's, so
+    it needs the calibration (tier 4) complete: asked for with tier 4 in the same call it is left for the next call;
+    asked for without it, refused."""
     tiers = list(dict.fromkeys(ROUNDS[opts.round] if opts.round else opts.tier))
     notes = []
-    algos = {t: TIERS[t]["algos"] for t in tiers}
+    stems = {t: TIERS[t] for t in tiers}
     if 5 in tiers:
         cal = calibrate(opts.records or REPO / "results" / "records", opts.total_timesteps or TIER_TIMESTEPS)
         if cal.clip is None and 4 in tiers:
-            del algos[5]
+            del stems[5]
             notes.append(
                 f"note: tier 5 (the TV-matched PPO) waits for the calibration: {len(cal.missing)} record(s) missing "
                 f"(e.g. {cal.missing[0]}); it runs first in the call after tier 4's records are committed"
@@ -347,31 +360,63 @@ def tiers_to_run(opts) -> tuple[dict[int, list[str]], list[str]]:
                 f"e.g. {cal.missing[0]}; run --tier 4 and commit its records in {cal.folder} first"
             )
         else:
-            algos[5] = [f"ppo-clip{cal.clip}=ppo --clip-coef {cal.clip}"]
+            stems[5] = [stem.format(clip=cal.clip) for stem in TIERS[5]]
             notes.append(cal.report())
-    return algos, notes
+    return stems, notes
+
+
+def sweep_runs(opts, paths, out, records) -> list[Run]:
+    """The runs of the cells of these sweep files, seed-major; within a seed the lowest and highest lag first, tasks
+    and the files' algorithms interleaved (as grid_runs orders them). Each gets the cell's flags but those only
+    wandb's agent needs, one thread each, `--total-timesteps` if given, and the flags after `--`."""
+    scripts = script_paths(opts)
+    keyed = []
+    for f, path in enumerate(paths):
+        cells = read_sweep(path)
+        lags = lag_order(cell.params["lag"] for cell in cells)
+        envs = list(dict.fromkeys(cell.params["env_id"] for cell in cells))
+        for i, cell in enumerate(cells):
+            seed, lag, env = cell.params["seed"], cell.params["lag"], cell.params["env_id"]
+            if opts.seeds is not None and seed not in opts.seeds:
+                continue
+            base = Path(cell.program).stem.removesuffix("_mujoco")
+            if base not in BASE_ALGOS:
+                raise ValueError(f"{path}: program {cell.program} is not one of the MuJoCo scripts")
+            override = dict(torch_threads=1, env_threads=1)
+            if opts.total_timesteps is not None:
+                override["total_timesteps"] = opts.total_timesteps
+            flags = [x for x in cell.flags(**override) if x[2:].split("=")[0] not in WANDB_ONLY]
+            run_dir = Path(out) / cell.name
+            cmd = [opts.python, str(scripts[base]), *flags, "--run-dir", str(run_dir), *opts.extra]
+            record = Path(records) / f"{cell.name}.json.gz" if records else None
+            mode = cell.params.get("lag_mode")
+            run = Run(Variant(cell.label, base, flags), env, lag, mode, seed, run_dir, cmd, record)
+            keyed.append(((seed, lags.index(lag), envs.index(env), f, i), run))
+    runs = [run for _, run in sorted(keyed, key=lambda x: x[0])]
+    names = [r.run_dir.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError("two sweep files' cells would share a run folder name")
+    return runs
 
 
 def build_runs(opts) -> list[Run]:
     if opts.tier or opts.round:
         runs = []
-        tier_algos, notes = tiers_to_run(opts)
+        tier_stems, notes = tiers_to_run(opts)
         for note in notes:
             print(note, file=sys.stderr)
-        for tier, algos in tier_algos.items():
-            t = TIERS[tier]
-            seeds = [s for s in t["seeds"] if opts.seeds is None or s in opts.seeds]
-            steps = TIER_TIMESTEPS if opts.total_timesteps is None else opts.total_timesteps
+        for tier, stems in tier_stems.items():
             out = Path(opts.out or "runs") / f"tier{tier}"
             records = Path(opts.records) / f"tier{tier}" if opts.records else REPO / "results" / "records" / f"tier{tier}"
+            paths = [SWEEPS / f"{stem}.yaml" for stem in stems]
             runs += [
                 (0 if tier in ROUNDS[1] else tier, r.seed, tier, i, r)
-                for i, r in enumerate(
-                    grid_runs(opts, algos, t["envs"], t["lags"], seeds, steps, TIER_FLAGS + list(opts.extra), out, records)
-                )
+                for i, r in enumerate(sweep_runs(opts, paths, out, records))
             ]
         # Seed-major across the first grid's tiers; round 2's tiers one after another (4 before 5: 5 needs it).
         runs = [r for *_, r in sorted(runs, key=lambda x: x[:4])]
+    elif opts.sweep:
+        runs = sweep_runs(opts, opts.sweep, opts.out or "runs/grid", opts.records)
     else:
         runs = grid_runs(
             opts,
@@ -668,7 +713,12 @@ def parse_args(argv=None):
         epilog="Flags after `--` are passed to every run. See the module docstring (top of this file) for details.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--tier", nargs="+", type=int, choices=sorted(TIERS), help="run these tiers of the evidence grid")
+    p.add_argument(
+        "--tier", nargs="+", type=int, choices=sorted(TIERS), help="run these tiers of the evidence grid (their sweep files)"
+    )
+    p.add_argument(
+        "--sweep", nargs="+", type=Path, default=None, help="run the cells of these grid sweep files (sweeps/*.yaml)"
+    )
     p.add_argument(
         "--round", type=int, choices=sorted(ROUNDS), help="run every tier of this round (1: tiers 1-3; 2: tiers 4-8, in order)"
     )
@@ -735,14 +785,19 @@ def parse_args(argv=None):
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
     opts.extra = extra
-    if opts.tier and opts.round:
-        p.error("give --tier or --round, not both")
-    if opts.tier or opts.round:
+    if sum(x is not None for x in (opts.tier, opts.round, opts.sweep)) > 1:
+        p.error("give one of --tier, --round and --sweep")
+    if opts.tier or opts.round or opts.sweep:
         given = [f"--{n.replace('_', '-')}" for n in ("algos", "envs", "lags", "lag_modes") if getattr(opts, n) is not None]
         if given or opts.ablations:
-            p.error(f"--tier/--round set the algorithms, tasks and lags; drop {' '.join(given or ['--ablations'])}")
-        if (opts.total_timesteps is not None or extra) and opts.records is None:
+            p.error(f"--tier/--round/--sweep set the algorithms, tasks and lags; drop {' '.join(given or ['--ablations'])}")
+        if (opts.tier or opts.round) and (opts.total_timesteps is not None or extra) and opts.records is None:
             p.error("a tier with another --total-timesteps or extra flags needs an explicit --records folder")
+        for path in opts.sweep or []:
+            try:
+                read_sweep(path)
+            except ValueError as e:
+                p.error(str(e))
     else:
         opts.algos = opts.algos or list(BASE_ALGOS)
         opts.envs = opts.envs or ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5"]

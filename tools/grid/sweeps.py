@@ -1,9 +1,15 @@
-"""The grids of sweeps/*.yaml (wandb sweep files, `method: grid`) as cells: one run each, with its folder name and
-its command line. The SLURM launcher (tools/grid/slurm.py) reads the grids from here; wandb reads the same files.
+"""The grids of sweeps/*.yaml (wandb sweep files, `method: grid`) as cells: one run each, with its label, its folder
+name and its command line. wandb reads the same files; the SLURM launcher (tools/grid/slurm.py) and the local runner
+(tools/grid/run_grid.py, whose tiers are lists of these files) read the grids from here.
 
-A cell's folder name is its place in the grid: `{env_id}__{algorithm}__lag{lag}__s{seed}`, where the algorithm is
-the script's name without `_mujoco`, followed by `-{flag}{value}` for every other parameter the grid varies
-(`Hopper-v5__vaco-tv_threshold0.1__lag8__s1`). Parameters the grid fixes (`value:`) are in every command line.
+A cell's label is what tools/grid/aggregate.py groups its runs by (the run's `--exp-name`): the file's `exp_name` if it
+fixes one, else the script's name without `_mujoco`; then, for every other parameter the grid lists under `values`
+(env_id, lag and seed aside), `-{short}{value}`, or `-no{short}` for `false` and nothing for `true`. `short` is the
+parameter's name without underscores, or its name in the method's notation where it has one (SHORT):
+`vaco` with `tv_threshold: {values: [0.1]}` is `vaco-delta0.1`; with `realign: {values: [false]}`, `vaco-norealign`.
+Numbers are written as `{:g}` writes them (2.0 is `2`). A cell's folder is `{env_id}__{label}__lag{lag}__s{seed}`
+(`Hopper-v5__vaco-delta0.1__lag8__s1`), the name of its record in results/records/. Parameters the grid fixes
+(`value:`) are in every command line.
 """
 
 from __future__ import annotations
@@ -15,19 +21,32 @@ from pathlib import Path
 
 import yaml
 
-# The parameters that name a cell's folder on their own (the rest a grid varies go after the algorithm).
+# The parameters that name a cell's folder on their own (the rest a grid varies go into its label).
 NAMED = ("env_id", "lag", "seed")
+# A parameter's name in a label, where the method's notation has one (the rest: the name without underscores).
+SHORT = {"tv_threshold": "delta", "rho_bar": "rhobar", "clip_coef": "clip", "update_epochs": "epochs"}
 
 
 @dataclass
 class Cell:
     name: str  # the run folder's name
+    label: str  # what the aggregator groups the run by: its --exp-name
     program: str  # the script, relative to the repository root
     params: dict  # {flag (underscores): value}, the fixed parameters included
 
-    def flags(self) -> list[str]:
-        """The command-line flags of the cell, as wandb renders them (`--param=value`; the scripts take both forms)."""
-        return [f"--{key}={value}" for key, value in self.params.items()]  # booleans: True / False, as wandb's
+    def flags(self, **override) -> list[str]:
+        """The command-line flags of the cell, as wandb renders them (`--param=value`; the scripts take both forms),
+        `--exp_name` first (the label, unless the file sets it); `override` replaces or adds parameters."""
+        params = {"exp_name": self.label, **self.params, **override}
+        return [f"--{key}={value}" for key, value in params.items()]  # booleans: True / False, as wandb's
+
+
+def label_part(key: str, value) -> str:
+    """What a varied parameter adds to a cell's label (the module docstring gives the rule)."""
+    short = SHORT.get(key, key.replace("_", ""))
+    if isinstance(value, bool):
+        return "" if value else f"-no{short}"
+    return f"-{short}{value:g}" if isinstance(value, float) else f"-{short}{value}"
 
 
 def read_sweep(path) -> list[Cell]:
@@ -58,13 +77,14 @@ def read_sweep(path) -> list[Cell]:
     for combination in itertools.product(*varied.values()):
         chosen = dict(zip(varied, combination))
         params = {key: chosen.get(key, fixed.get(key)) for key in sweep["parameters"]}
-        label = algorithm + "".join(f"-{key}{value}" for key, value in chosen.items() if key not in NAMED)
+        base = str(fixed.get("exp_name", algorithm))
+        label = base + "".join(label_part(key, value) for key, value in chosen.items() if key not in NAMED)
         parts = [str(params["env_id"])] if "env_id" in params else []
         parts.append(label)
         parts += [f"lag{params['lag']}"] if "lag" in params else []
         parts += [f"s{params['seed']}"] if "seed" in params else []
         name = re.sub(r"[^\w.=+-]", "-", "__".join(parts))
-        cells.append(Cell(name, program, params))
+        cells.append(Cell(name, label, program, params))
     names = [cell.name for cell in cells]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: two cells would share a run folder name")
