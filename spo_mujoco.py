@@ -1382,7 +1382,9 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
     if args.track:
         import wandb
 
-        wandb.finish()
+        if stop:  # a sweep's agent requeues a run that is marked preempting and exits non-zero, instead of failing it
+            wandb.run.mark_preempting()  # here, not in the signal handler: wandb's client is not reentrant
+        wandb.finish(exit_code=128 + stop[0] if stop else 0)
     if stop:
         sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run
 
