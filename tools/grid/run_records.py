@@ -85,17 +85,23 @@ def make_record(name, args, summary, scalars: dict[str, dict[int, float]], eval_
     }
 
 
-def record_from_run_dir(run_dir) -> dict:
+def tensorboard_events(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of a run folder's TensorBoard event files, as TensorBoard reads them: in the order
+    written, without what a resumed run's writer purged (the steps logged after the checkpoint it resumed from)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not any(Path(run_dir).glob("events.out.tfevents*")):
+        return {}
+    ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags().get("scalars", [])}
+
+
+def record_from_run_dir(run_dir) -> dict:
     run_dir = Path(run_dir)
     args = json.loads((run_dir / "args.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
-    events = {}
-    if any(run_dir.glob("events.out.tfevents*")):
-        ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-        ea.Reload()
-        events = {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags().get("scalars", [])}
+    events = tensorboard_events(run_dir)
     scalars = {col: dict(events[tag]) for tag, col in RECORD_TAGS.items() if tag in events}  # a repeated step keeps its last
     return make_record(run_dir.name, args, summary, scalars, [v for _, v in events.get("eval/episodic_return", [])])
 

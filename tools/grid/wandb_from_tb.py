@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""One complete offline wandb run per training run, written from the run's TensorBoard event files.
+
+    python -m tools.grid.wandb_from_tb runs/grid/Hopper-v5__vaco__lag8__s1    # -> <run-dir>/wandb/offline-run-*
+    wandb sync runs/grid/Hopper-v5__vaco__lag8__s1/wandb/latest-run             # later, where there is internet
+    python -m tools.grid.wandb_from_tb --show <offline run folder or .wandb file>   # what an offline run holds
+
+With WANDB_MODE=offline, every start of a resumed run (`--resume`, `--auto-resume`, a requeued SLURM task) writes its
+own offline run folder in `<run-dir>/wandb`, and `wandb sync` does not merge them: each one's `_step` starts at 0,
+the iterations a stopped run logged after its last checkpoint are in two of them, and the iterations of a start
+that was killed (SIGKILL) are in none. TensorBoard's event files hold every iteration, and a resumed run's
+TensorBoard drops what was logged after the checkpoint it resumes from (`purge_step`), so that each iteration
+counts once, its last write. This tool writes them as one offline wandb run: one history row per logged step, in
+order (`_step` 0, 1, 2, ...; the environment step is `global_step`, every chart's x axis), the run's arguments
+(args.json) as its config, the run's id (run.json: the id the script gives its wandb run), the run folder's name,
+and args.json's project and entity. Sync this one, not the folders of the run's starts: they share its id, and
+syncing them too would log their iterations into the same wandb run a second time.
+
+The run folder is read, never changed, except for `wandb/`, where wandb writes the new folder (and `latest-run`,
+its link). A run folder that already holds the run written by this tool is left as it is (exit 0), so it can be
+called at the end of every start of a job. `--show` reads an offline run's .wandb file without wandb's service or
+a network: its id, config, and the history rows (`_step`, `global_step`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+from pathlib import Path
+
+from tools.grid.run_records import tensorboard_events
+
+TAG = "from-tensorboard"  # the wandb tag of the runs this tool writes: how it finds one it wrote before
+
+
+# -------------------------------------------------------------------------------- reading an offline run back
+
+# A .wandb file: a 7-byte header (":W&B", 0xBEE1, a version byte), then LevelDB's log format: 32 KiB blocks of chunks,
+# each with a 7-byte header (CRC-32, length, type: 1 whole, 2 first, 3 middle, 4 last), each record a protobuf
+# wandb.proto.wandb_internal_pb2.Record. Block space too small for a chunk header is zero padding.
+HEADER = struct.Struct("<4sHB")
+CHUNK = struct.Struct("<IHB")
+BLOCK = 32 * 1024
+
+
+def read_records(path) -> list:
+    """The records of a .wandb file, in order (ValueError if it is not one)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if len(data) < HEADER.size or HEADER.unpack_from(data)[:2] != (b":W&B", 0xBEE1):
+        raise ValueError(f"{path} is not a wandb run file (.wandb)")
+    records, pending, pos = [], b"", HEADER.size
+    while pos + CHUNK.size <= len(data):
+        if BLOCK - pos % BLOCK < CHUNK.size:  # the rest of the block is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, length, kind = CHUNK.unpack_from(data, pos)
+        if kind == 0 and length == 0:  # zeros: padding, or the end of what was written
+            pos += BLOCK - pos % BLOCK
+            continue
+        body = data[pos + CHUNK.size : pos + CHUNK.size + length]
+        pos += CHUNK.size + length
+        pending = body if kind in (1, 2) else pending + body
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def read_offline_run(folder) -> dict:
+    """{id, config, tags, history: [row: {key: value}], exit_code, preempting} of an offline run folder (or its
+    .wandb file)."""
+    folder = Path(folder)
+    files = [folder] if folder.is_file() else sorted(folder.glob("*.wandb"))
+    if not files:
+        raise ValueError(f"{folder} holds no .wandb file")
+    run = {"id": None, "config": {}, "tags": [], "history": [], "exit_code": None, "preempting": False}
+    for record in read_records(files[0]):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run["id"], run["tags"] = record.run.run_id, list(record.run.tags)
+            run["config"].update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+        elif kind == "config":
+            run["config"].update({item.key: json.loads(item.value_json) for item in record.config.update})
+        elif kind == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            run["history"].append(row)
+        elif kind == "exit":
+            run["exit_code"] = record.exit.exit_code
+        elif kind == "preempting":
+            run["preempting"] = True
+    return run
+
+
+# ---------------------------------------------------------------------------------- writing the complete run
+
+
+def iterations(run_dir) -> list[dict]:
+    """One row per logged step, in step order: {"global_step": step, tag: its value at that step, ...}; a step
+    logged twice keeps its last value (after TensorBoard's own purge on resume)."""
+    rows = {}
+    for tag, events in tensorboard_events(run_dir).items():
+        for step, value in events:
+            if math.isfinite(value):  # wandb stores NaN and inf, but charts and summaries skip them anyway
+                rows.setdefault(step, {})[tag] = value
+    return [{"global_step": step, **rows[step]} for step in sorted(rows)]
+
+
+def existing(run_dir, run_id) -> Path | None:
+    """The offline run folder this tool wrote for the run, if there is one."""
+    for folder in sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{run_id}")):
+        try:
+            if TAG in read_offline_run(folder)["tags"]:
+                return folder
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def write_offline_run(run_dir) -> tuple[Path, bool]:
+    """Write the complete offline run of `run_dir`; (its folder, whether it was written now)."""
+    run_dir = Path(run_dir)
+    try:
+        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+        args = json.loads((run_dir / "args.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{run_dir} holds no run (run.json and args.json): {getattr(e, 'strerror', None) or e}")
+    if not any(run_dir.glob("events.out.tfevents.*")):
+        raise ValueError(f"{run_dir} holds no TensorBoard event files")
+    if (folder := existing(run_dir, run_id)) is not None:
+        return folder, False
+    rows = iterations(run_dir)
+    import wandb
+
+    run = wandb.init(
+        mode="offline",
+        dir=run_dir,
+        id=run_id,
+        project=args.get("wandb_project_name"),
+        entity=args.get("wandb_entity"),
+        name=run_dir.resolve().name,
+        config=args,
+        tags=[TAG],
+        settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True, silent=True),
+    )
+    run.define_metric("global_step")
+    run.define_metric("*", step_metric="global_step")
+    for row in rows:
+        run.log(row)
+    folder = Path(run.dir).parent
+    run.finish()
+    wandb.teardown()  # finish() returns before wandb's service has written all of the run: wait for it
+    return folder, True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, help="a run folder (or, with --show, an offline run folder or .wandb file)")
+    p.add_argument("--show", action="store_true", help="print what an offline wandb run holds, and write nothing")
+    opts = p.parse_args(argv)
+    try:
+        if opts.show:
+            run = read_offline_run(opts.run_dir)
+            steps = [row.get("_step") for row in run["history"]]
+            print(f"id {run['id']}, tags {run['tags']}, {len(run['config'])} config keys, exit code {run['exit_code']}")
+            print(f"{len(steps)} history rows, _step {steps[:1]}..{steps[-1:]}")
+            for row in run["history"]:
+                print(json.dumps({k: row[k] for k in ("_step", "global_step") if k in row}))
+            return 0
+        folder, written = write_offline_run(opts.run_dir)
+    except (OSError, ValueError) as e:
+        print(f"error: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 2
+    print(f"{'wrote' if written else 'already written:'} {os.path.relpath(folder)}; sync it with: wandb sync {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
