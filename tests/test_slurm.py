@@ -145,7 +145,8 @@ def test_grid_on_slurm_requeued_mid_run_finishes_bit_identical(slurm, tmp_path):
     sweep.write_text(SWEEP)
     out = tmp_path / "grid"
     started = time.time()
-    submitted = launcher(slurm, "submit", sweep, "--out", out, "--cpus", "1", "--mem", "100M", "--time", "10", "--", *RUN)
+    offline = {**slurm, "WANDB_MODE": "offline"}  # sbatch passes it on: the job script's end runs wandb_from_tb
+    submitted = launcher(offline, "submit", sweep, "--out", out, "--cpus", "1", "--mem", "100M", "--time", "10", "--", *RUN)
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"submitted job (\d+): 3 of 3 cells", submitted.stdout).group(1)
     cells = [cell.name for cell in read_sweep(sweep)]
@@ -169,8 +170,8 @@ def test_grid_on_slurm_requeued_mid_run_finishes_bit_identical(slurm, tmp_path):
     # The uninterrupted runs, here, while SLURM runs the rest of the grid.
     reference = tmp_path / "reference"
     for seed in (1, 2, 3):
-        run_script("ppo_mujoco", *RUN, "--env-id", "Hopper-v5", "--lag", "2", "--seed", seed, "--total-timesteps",
-                   ITERATIONS * 256, "--run-dir", reference / cells[seed - 1])  # fmt: skip
+        run_script("ppo_mujoco", *RUN, "--exp-name", "ppo", "--env-id", "Hopper-v5", "--lag", "2", "--seed", seed,
+                   "--total-timesteps", ITERATIONS * 256, "--run-dir", reference / cells[seed - 1])  # fmt: skip
 
     deadline = time.time() + 150
     while squeue(slurm, job_id):
@@ -193,11 +194,13 @@ def test_grid_on_slurm_requeued_mid_run_finishes_bit_identical(slurm, tmp_path):
             assert first_line and int(first_line.group(1)) > 1, log  # not restarted from scratch
         else:
             assert len(starts) == 1 and "[24/24]" in log, log
+        assert log.rstrip().endswith("a run without --track; no wandb run written"), log  # once, at the end
+        assert log.count("no wandb run written") == 1, log
         whole, parts = read_scalars(reference / cell), read_scalars(out / cell)
         assert set(whole) == set(parts)
         for tag in set(whole) - TIMING:
             assert whole[tag] == parts[tag], (cell, tag)
-        models = [torch.load(d / cell / "ppo_mujoco.cleanrl_model", weights_only=True)["agent"] for d in (reference, out)]
+        models = [torch.load(d / cell / "ppo.cleanrl_model", weights_only=True)["agent"] for d in (reference, out)]
         for key in models[0]:
             assert torch.equal(models[0][key], models[1][key]), (cell, key)
     # Submitted again: nothing left to do.

@@ -81,6 +81,11 @@ if [ "$stopping" = 1 ] && [ "$status" = 143 ]; then
   echo "=== time limit: requeued"
   scontrol requeue "$SLURM_JOB_ID"
 fi
+# Offline, each start of the run wrote its own wandb folder: once the run has finished, write its one complete
+# offline wandb run from its TensorBoard files, the one to sync (a run without --track gets none).
+if [ "$status" = 0 ] && [ "${{WANDB_MODE:-}}" = offline ]; then
+  {python} -m tools.grid.wandb_from_tb --tracked-only "$out/$name" || echo "=== no complete offline wandb run"
+fi
 exit "$status"
 """
 
@@ -192,6 +197,7 @@ def submit(args) -> int:
         signal_seconds=args.signal_seconds,
         extra=extra,
         repo=shlex.quote(str(REPO)),
+        python=shlex.quote(sys.executable),
         out=shlex.quote(str(out)),
         out_path=out,
     )

@@ -19,7 +19,8 @@ syncing them too would log their iterations into the same wandb run a second tim
 The run folder is read, never changed, except for `wandb/`, where wandb writes the new folder (and `latest-run`,
 its link). A run folder that already holds the run written by this tool is left as it is (exit 0), so it can be
 called at the end of every start of a job. `--show` reads an offline run's .wandb file without wandb's service or
-a network: its id, config, and the history rows (`_step`, `global_step`).
+a network: its id, config, and the history rows (`_step`, `global_step`). `--tracked-only` (the SLURM job script's
+call, with WANDB_MODE=offline) writes nothing for a run that did not track.
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ def existing(run_dir, run_id) -> Path | None:
     return None
 
 
+def tracked(run_dir) -> bool:
+    """Whether the run was started with --track (True where args.json cannot be read: writing then refuses the
+    folder, with the reason)."""
+    try:
+        return json.loads(Path(run_dir, "args.json").read_text()).get("track") is True
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
 def write_offline_run(run_dir) -> tuple[Path, bool]:
     """Write the complete offline run of `run_dir`; (its folder, whether it was written now)."""
     run_dir = Path(run_dir)
@@ -164,8 +174,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="a run folder (or, with --show, an offline run folder or .wandb file)")
     p.add_argument("--show", action="store_true", help="print what an offline wandb run holds, and write nothing")
+    p.add_argument("--tracked-only", action="store_true", help="write nothing for a run without --track (args.json)")
     opts = p.parse_args(argv)
     try:
+        if opts.tracked_only and not opts.show and not tracked(opts.run_dir):
+            print(f"{opts.run_dir}: a run without --track; no wandb run written")
+            return 0
         if opts.show:
             run = read_offline_run(opts.run_dir)
             steps = [row.get("_step") for row in run["history"]]
