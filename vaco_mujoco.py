@@ -754,10 +754,16 @@ def check_run_dir(args):
         if others:
             raise ValueError(f"{run_dir} holds files that are not a run of {SCRIPT}.py ({listed}): choose another --run-dir")
         raise ValueError(f"{run_dir} holds a run of an earlier version (no run.json): choose another --run-dir")
-    if not args.overwrite:
+    if not args.overwrite and not (args.auto_resume and never_started(run_dir)):
         raise ValueError(f"{run_dir} already holds a run: --resume continues it, --overwrite replaces it")
     if others:
         raise ValueError(f"{run_dir} holds files that a run does not write ({listed}); --overwrite deletes only a run's")
+
+
+def never_started(run_dir):
+    """Whether run_dir's run.json is all that a start killed before it wrote args.json left (with run.lock, *.tmp and
+    wandb's files): a run to start again."""
+    return all(name in ("run.json", "run.lock", "wandb") or name.endswith(".tmp") for name in os.listdir(run_dir))
 
 
 def json_fits(value, kind):
@@ -782,7 +788,12 @@ def type_words(kind):
 def read_saved_args(path):
     """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped."""
     if not os.path.isfile(path):
-        raise ValueError(f"{path} is missing (the run stopped before writing it): --overwrite starts it afresh")
+        never = never_started(os.path.dirname(path))
+        raise ValueError(
+            f"{path} is missing: "
+            + ("the run never started; --auto-resume or " if never else "")
+            + "--overwrite starts it afresh"
+        )
     saved = read_json(path)
     if not isinstance(saved, dict):
         raise ValueError(f"{path} is not a JSON object")
@@ -914,10 +925,13 @@ def parse_args(argv=None) -> Args:
 def resume_if_same_run(args):
     """--auto-resume: the command line defines the whole run. Where --run-dir holds a run (run.json), it must be this
     one: its saved arguments equal the command's, but for RESUME_MAY_CHANGE; then it is resumed (a finished run
-    is left as it is). Another run is refused (ValueError), never replaced; a folder without a run starts it."""
+    is left as it is). Another run is refused (ValueError), never replaced; a folder without a run, or with one that
+    never started (never_started), starts it."""
     if not os.path.exists(f"{args.run_dir}/run.json"):
         return args
     read_run_record(args.run_dir)
+    if never_started(args.run_dir):
+        return args
     saved = dataclasses.asdict(read_saved_args(f"{args.run_dir}/args.json"))
     changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in dataclasses.asdict(args).items() if v != saved[k]]
     changed = [words for words in changed if words.split()[0] not in RESUME_MAY_CHANGE]
