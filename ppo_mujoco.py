@@ -455,7 +455,6 @@ def main(args):
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
 
-# The plumbing's own imports: none of them is needed to read the algorithm above.
 import contextlib
 import dataclasses
 import errno
@@ -479,9 +478,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
-# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are what the
-# libraries take (EnvPool's seed and torch's thread count are C ints, TensorBoard's step an int64) or where a
-# count stops describing a run that ends (evaluation episodes), not what is useful.
+# The run's numeric flags (ALGORITHM_CHECKS has the algorithm's). Upper bounds are what the libraries take (C ints,
+# TensorBoard's int64 step) or where a count stops describing a run that ends, not what is useful.
 CHECKS = [
     (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("num_envs", "num_steps"), lambda v: v > 0, "> 0"),
@@ -491,9 +489,8 @@ CHECKS = [
     (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
     (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
 ]
-# On --resume the command line may change only these; everything else is the saved run's. The run
-# folder is where the run is now (it may have been moved). EnvPool's results do not depend on its
-# thread count; torch's change slightly with theirs.
+# What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
+# EnvPool's results do not depend on its thread count, torch's change slightly with theirs.
 RESUME_MAY_CHANGE = {"resume", "overwrite", "auto_resume", "checkpoint_every", "save_model", "eval_episodes", "track"}
 RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
 # --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
@@ -516,9 +513,7 @@ CHECKPOINT_HEADER_BYTES = 256
 # What wandb writes in <run-dir>/wandb: a folder per start of the run (named by the start's time and the run's id)
 # and its links to the latest one.
 WANDB_ENTRY = r"(offline-)?run-\d{8}_\d{6}-[a-z0-9]+|latest-run|debug(-internal|-cli\.\w+)?\.log"
-# The open run.lock of each run folder this process holds: its lock lasts until the file is closed or the
-# process ends, however it ends.
-RUN_LOCKS = {}
+RUN_LOCKS = {}  # the open run.lock of each run folder this process holds (lock_run_dir)
 
 
 @dataclass
@@ -608,27 +603,14 @@ def check_args(args: Args) -> None:
             env_spaces(args.env_id, "gymnasium")
         except ValueError as e:
             raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
-    # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
-    per_sample = 6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160
-    need = 4 * args.batch_size * per_sample + args.num_envs * 2**21
-    proc_meminfo = open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else ""
-    meminfo = re.search(r"MemAvailable:\s+(\d+)", proc_meminfo)
-    available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
-    if need > available:
-        raise ValueError(
-            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
-        )
-    if args.capture_video:
-        try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
+    if args.capture_video:  # the first frame is rendered after the run folder is written: render one now
+        try:
             from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = mujoco.MjModel.from_xml_string("<mujoco/>")
-                OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
+            model = mujoco.MjModel.from_xml_string("<mujoco/>")
+            OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
         except Exception as e:
-            why = str(e).splitlines()[0]
-            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {why}")
+            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
@@ -757,23 +739,29 @@ def read_saved_args(path):
     return Args(**saved)
 
 
+def normalise_bool_flags(argv):
+    """wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`."""
+    bools = {field.name for field in dataclasses.fields(Args) if field.type is bool}
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
+        if m and m.group(1).replace("-", "_") in bools:
+            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    return argv
+
+
 def tyro_cli(argv, default=None):
-    """tyro.cli on Args, its boxed error message folded into a one-line ValueError (--help prints as usual)."""
+    """tyro.cli on Args; its boxed error becomes a one-line ValueError: the box's first paragraph, less its title."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
             return tyro.cli(Args, args=argv, default=default)
     except SystemExit as e:
-        if not e.code:
+        if not e.code:  # --help
             sys.stderr.write(captured.getvalue())
             raise
-        # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
-        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue())
-        lines = [line.strip() for line in text.splitlines()]
-        title = next((i for i, line in enumerate(lines) if line), len(lines))
-        body = lines[title + 1 :]
-        text = " ".join(body[: body.index("")] if "" in body else body)
-        raise ValueError(text or "cannot parse the command line (see --help)")
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue()).strip()  # no colours, no box
+        raise ValueError(" ".join(re.split(r"\n\s*\n", text)[0].split("\n", 1)[-1].split()))
 
 
 def choose_backend(args):
@@ -810,9 +798,7 @@ def load_checkpoint(path, run_id):
     except Exception as e:  # the digest matched: only a checkpoint that was wrong when written lands here
         raise DamagedCheckpoint(type(e).__name__)
     fields = {field.name for field in dataclasses.fields(Progress)}
-    if not (isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)):
-        raise DamagedCheckpoint("not a checkpoint of this script")
-    if set(state["progress"]) != fields:
+    if not (isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and set(state["progress"]) == fields):
         raise DamagedCheckpoint("not a checkpoint of this script")
     return state
 
@@ -841,13 +827,7 @@ def read_checkpoint(run_dir):
 def parse_args(argv=None) -> Args:
     """tyro CLI plus validation; reads the run folder but writes nothing. Bad input prints one `error:` line and
     exits with code 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`.
-    bool_fields = {f.name for f in dataclasses.fields(Args) if f.type is bool}
-    for i, arg in enumerate(argv):
-        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
-        if m and m.group(1).replace("-", "_") in bool_fields:
-            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    argv = normalise_bool_flags(sys.argv[1:] if argv is None else argv)
     try:
         args = tyro_cli(argv)
         if args.resume and args.run_dir and not args.overwrite:
