@@ -565,8 +565,7 @@ def env_spaces(env_id, env_backend):
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id: {env_id!r} (not in gymnasium's registry)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             probe = gym.make(env_id)
     except Exception as e:  # registered, but a dependency is missing (e.g. mujoco-py for -v2, Box2D)
         raise ValueError(f"{env_id} cannot be built: {type(e).__name__}: {str(e).splitlines()[0]}")
@@ -605,8 +604,9 @@ def check_args(args: Args) -> None:
         try:
             from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
 
-            model = mujoco.MjModel.from_xml_string("<mujoco/>")
-            OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
+            with warnings.catch_warnings(action="ignore"):  # glfw warns before it fails
+                model = mujoco.MjModel.from_xml_string("<mujoco/>")
+                OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
         except Exception as e:
             raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
     if args.resume and args.overwrite:

@@ -222,7 +222,8 @@ def completion_logprobs(
 def iterate(run: "Run") -> Optional[signal.Signals]:
     """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
     args = run.args
-    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = stop_on_signals()
     run.start_time = time.time()
     try:
         if run.eval_rows and run.main_process and (not args.resume or run.restart):
@@ -258,13 +259,11 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
             log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
             log_completions(run, iteration, generated)
             warn_if_no_signal(run)
-            if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            stopping = run.all_reduce([len(stop)], torch.distributed.ReduceOp.MAX)[0] > 0  # all ranks stop together
+            if last or stopping or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
                 write_checkpoint(run, iteration)
-    except Interrupted as stop:
-        interrupted = signal.Signals(stop.args[0])
-        if run.main_process:
-            print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
-        return interrupted
+            if stopping:
+                return signal.Signals(stop[0] if stop else signal.SIGTERM)
     except FloatingPointError as problem:
         if run.writer:
             run.writer.close()
@@ -736,36 +735,6 @@ INSTRUCTION = "Solve the problem step by step. End with the final answer on its 
 
 @dataclass
 class Args:
-    exp_name: str = SCRIPT
-    """the name of this experiment (part of the default run folder's name: 1 to 100 characters, no `/`)"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    torch_threads: Optional[int] = None
-    """number of CPU threads torch may use (None: torch's choice); 1 avoids oversubscription on a shared machine"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "vaco"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    run_dir: Optional[str] = None
-    """folder of the run: run.json, args.json, TensorBoard logs, checkpoints, the saved model (None: a new folder
-    runs/gsm8k__<exp_name>__<loss>__<seed>__<time>); a folder holding anything else is refused"""
-    save_model: bool = False
-    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
-    resume: bool = False
-    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
-    that stopped before its first checkpoint starts again from the beginning; a finished one is left as it is)"""
-    overwrite: bool = False
-    """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
-    holding other files is refused); without it, an existing run is refused"""
-    checkpoint_every: int = 10
-    """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
-
     # Model and data
     model_id: str = "Qwen/Qwen2.5-0.5B-Instruct"
     """Hugging Face hub id, local save_pretrained folder, or local .gguf file (or a folder holding one) of a causal LM
@@ -794,10 +763,6 @@ class Args:
     K take the same steps on the same number of samples (None: --num-iterations decides)"""
     forward_lag: int = 1
     """K: optimizer steps per generation batch (the generation batch holds K x prompts-per-step prompts)"""
-    lag: int = 0
-    """backward lag: generate with one of the lag+1 most recent policies (0: synchronous)"""
-    lag_mode: Literal["uniform", "fixed"] = "uniform"
-    """which buffered policy generates: uniform draw, or always the oldest (ours)"""
     prompts_per_step: int = 32
     """prompts per minibatch, i.e. per optimizer step (paper: 32)"""
     num_generations: int = 8
@@ -809,6 +774,10 @@ class Args:
     1e-10 that is under float32's resolution of the weights: nothing would train)"""
     max_grad_norm: float = 1.0
     """the maximum norm for the gradient clipping, in [1e-6, 1e6] (ours)"""
+    lag: int = 0
+    """backward lag: generate with one of the lag+1 most recent policies (0: synchronous)"""
+    lag_mode: Literal["uniform", "fixed"] = "uniform"
+    """which buffered policy generates: uniform draw, or always the oldest (ours)"""
     clip_low: float = 0.2
     """PPO-clip lower ratio: r is clipped below at 1 - clip_low, in [1e-4, 1) (paper: 0.2; a narrower clip would act
     on the rounding noise of r)"""
@@ -852,6 +821,37 @@ class Args:
     answer_field: str = "answer"
     """the field of a data row holding the reference answer, text ending in `#### <number>`"""
 
+    # The run
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the default run folder's name: 1 to 100 characters, no `/`)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    torch_threads: Optional[int] = None
+    """number of CPU threads torch may use (None: torch's choice); 1 avoids oversubscription on a shared machine"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    save_model: bool = False
+    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
+    run_dir: Optional[str] = None
+    """folder of the run: run.json, args.json, TensorBoard logs, checkpoints, the saved model (None: a new folder
+    runs/gsm8k__<exp_name>__<loss>__<seed>__<time>); a folder holding anything else is refused"""
+    resume: bool = False
+    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
+    that stopped before its first checkpoint starts again from the beginning; a finished one is left as it is)"""
+    overwrite: bool = False
+    """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
+    holding other files is refused); without it, an existing run is refused"""
+    checkpoint_every: int = 10
+    """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
+
 
 def fail(message: str):
     """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
@@ -859,18 +859,29 @@ def fail(message: str):
     raise SystemExit(2)
 
 
-def normalise_bool_flags(argv: list[str]) -> list[str]:
-    """Rewrite wandb-sweep style `--flag=True/False` into tyro's `--flag` / `--no-flag`."""
-    bools = {f.name for f in dataclasses.fields(Args) if f.type is bool}
-    out = []
-    for token in argv:
-        name, sep, value = token.partition("=")
-        key = name[2:].replace("-", "_")
-        if token.startswith("--") and sep and key in bools and value.lower() in ("true", "false"):
-            out.append(f"--{key.replace('_', '-')}" if value.lower() == "true" else f"--no-{key.replace('_', '-')}")
-        else:
-            out.append(token)
-    return out
+def normalise_bool_flags(argv):
+    """wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`."""
+    bools = {field.name for field in dataclasses.fields(Args) if field.type is bool}
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
+        if m and m.group(1).replace("-", "_") in bools:
+            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    return argv
+
+
+def tyro_cli(argv, default=None):
+    """tyro.cli on Args; its boxed error becomes a one-line ValueError: the box's first paragraph, less its title."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(Args, args=argv, default=default)
+    except SystemExit as e:
+        if not e.code:  # --help
+            sys.stderr.write(captured.getvalue())
+            raise
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue()).strip()  # no colours, no box
+        raise ValueError(" ".join(re.split(r"\n\s*\n", text)[0].split("\n", 1)[-1].split()))
 
 
 def looks_like_path(model_id: str) -> bool:
@@ -888,8 +899,8 @@ def main_rank() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-# Validation table: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
-RULES = [
+# The flags' checks: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
+CHECKS = [
     (("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "max_new_tokens"), lambda v: v >= 1, ">= 1"),
     (("eval_size",), lambda v: v >= 1, ">= 1"),
     (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
@@ -925,9 +936,10 @@ RULES = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
-# Flags that may differ between a run and its resumption.
-RESUMABLE = {
-    "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
+# What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
+# the iteration count extends or shortens a run (the learning rate is constant); the rest only logs or saves.
+RESUME_MAY_CHANGE = {
+    "run_dir",
     "num_iterations",
     "total_steps",
     "resume",
@@ -947,36 +959,42 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def validate(args: Args) -> Optional[str]:
-    """Why the flags cannot run, or None. Read-only: nothing is made or written."""
-    for names, rule, meaning in RULES:
+def check_args(args: Args) -> None:
+    """Raise ValueError with a one-line message for flags that cannot run. Read-only: nothing is made or written."""
+    for names, rule, meaning in CHECKS:
         for name in names:
             if not rule(getattr(args, name)):
-                return f"{flag(name)} must be {meaning}, got {getattr(args, name)!r}"
+                raise ValueError(f"{flag(name)} must be {meaning}, got {getattr(args, name)!r}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.seed + world - 1 >= 2**32:
-        return f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
+        raise ValueError(
+            f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
+        )
     if args.prompts_per_step % world:
-        return f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
+        raise ValueError(
+            f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
+        )
     sequences = args.prompts_per_step // world * args.num_generations
     if sequences % args.micro_batch_size:
-        return (
+        raise ValueError(
             f"--micro-batch-size ({args.micro_batch_size}) must divide "
             f"--prompts-per-step x --num-generations{' / processes' if world > 1 else ''} ({sequences})"
         )
     if args.forward_lag * args.prompts_per_step * args.num_generations > MAX_GENERATION_BATCH:
-        return f"--forward-lag x --prompts-per-step x --num-generations must be <= {MAX_GENERATION_BATCH} sequences"
+        raise ValueError(f"--forward-lag x --prompts-per-step x --num-generations must be <= {MAX_GENERATION_BATCH} sequences")
     if args.total_steps and args.total_steps % args.forward_lag:
-        return f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})"
+        raise ValueError(f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})")
     for name in PATH_FLAGS:
         problem = getattr(args, name) is not None and input_file_problem(getattr(args, name))
         if problem:
-            return f"{flag(name)} {problem}"
+            raise ValueError(f"{flag(name)} {problem}")
     if looks_like_path(args.model_id):
         problem = model_path_problem(os.path.expanduser(args.model_id))
         if problem:
-            return f"--model-id {args.model_id}: {problem}"
-    return run_dir_problem(args) if main_rank() else None
+            raise ValueError(f"--model-id {args.model_id}: {problem}")
+    problem = main_rank() and run_dir_problem(args)
+    if problem:
+        raise ValueError(problem)
 
 
 def model_path_problem(path: str) -> Optional[str]:
@@ -1014,20 +1032,13 @@ def input_file_problem(path: str) -> Optional[str]:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    captured = io.StringIO()
+    """tyro CLI plus check_args; reads the run folder but writes nothing. Bad input prints one `error:` line and exits
+    with code 2."""
     try:
-        with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, args=normalise_bool_flags(argv))
-    except SystemExit as stop:
-        if stop.code:  # tyro's boxed message, folded into one line
-            body = captured.getvalue().split("\n", 1)[-1]  # below the top border, which repeats the title
-            text = " ".join(re.sub(r"[\u2500-\u257f]", " ", body).split())
-            fail(text.split(" For full helptext")[0].split(" Argument helptext")[0])
-        raise
-    error = validate(args)
-    if error:
-        fail(error)
+        args = tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv))
+        check_args(args)
+    except ValueError as error:
+        fail(str(error))
     return args
 
 
@@ -1481,7 +1492,7 @@ def folder_problem(args: Args, folder: str) -> Optional[str]:
 
 def resume_problem(args: Args, folder: str) -> Optional[str]:
     """Why the run in `folder` cannot continue with these flags: no run, another script's, another format, an args.json
-    that is not this script's arguments or differs beyond RESUMABLE, or a checkpoint that fails checkpoint_problem."""
+    that is not this script's arguments or differs beyond RESUME_MAY_CHANGE, or a checkpoint that fails checkpoint_problem."""
     if not os.path.exists(os.path.join(folder, RUN_FILE)):
         return f"--resume: {folder} holds no run"
     saved_args = os.path.join(folder, ARGS_FILE)
@@ -1498,7 +1509,7 @@ def resume_problem(args: Args, folder: str) -> Optional[str]:
     if problem:
         return f"--resume: {problem}"
     for name, value in dataclasses.asdict(args).items():
-        if name not in RESUMABLE and saved[name] != stored(name, value):
+        if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
             return f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}"
     return checkpoint_check(folder, run["run_id"])
 
@@ -1693,7 +1704,7 @@ HELD_LOCK = {"fd": None}
 
 def claim_run_folder(args: Args, run_name: str) -> Claim:
     """Make and lock the main process's run folder, then check it again under the lock: another process may have
-    started in it since validate. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
+    started in it since check_args. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
     try:
         if args.run_dir is None:
             run_dir, created = claim_default_folder(run_name), True
@@ -1703,7 +1714,7 @@ def claim_run_folder(args: Args, run_name: str) -> Claim:
             os.makedirs(run_dir, exist_ok=True)
             holder = lock_folder(run_dir)
             if holder:
-                fail(f"{run_dir} is in use by another process ({holder})")
+                fail(f"{run_dir} is in use by {holder}")
         claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
     except OSError as error:
         fail(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
@@ -1743,15 +1754,15 @@ def lock_folder(run_dir: str) -> Optional[str]:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EAGAIN):
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "it wrote nothing yet"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
             os.close(fd)
             return holder
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             os.close(fd)
             raise
-        print(f"warning: {run_dir}: the file system does not lock files; no other process may use it", file=sys.stderr)
+        print(f"warning: {run_dir} cannot be locked ({error.strerror}): make sure no other process uses it", flush=True)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     HELD_LOCK["fd"] = fd
     return None
 
@@ -1873,7 +1884,7 @@ def snapshot(model) -> dict:
 
 def restore(run: Run):
     """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the last
-    checkpoint (checked by validate and again under the claim). A run that stopped before its first checkpoint starts
+    checkpoint (checked by check_args and again under the claim). A run that stopped before its first checkpoint starts
     again from the beginning, same arguments. A checkpoint of another model stops here, before anything is written."""
     args = run.args
     path = resume_checkpoint(run.run_dir) if args.resume else None
@@ -2083,12 +2094,20 @@ def sum_gradients(run: Run):
         handle.wait()
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the run stops, saves what was asked and exits 128 + signal."""
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
+    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
+    received = []
 
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
 
-def on_signal(signum, frame):
-    raise Interrupted(signum)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
 
 
 def write_checkpoint(run: Run, iteration: int):
@@ -2216,9 +2235,10 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
 
 def train(args: Args) -> dict:
     """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
-    error = validate(args)
-    if error:
-        fail(error)
+    try:
+        check_args(args)
+    except ValueError as error:
+        fail(str(error))
     run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
     claim = claim_run_folder(args, run_name) if main_rank() else None
     try:  # a start that fails (bad data, a model that does not load, no wandb login, a full disk) undoes its claim
