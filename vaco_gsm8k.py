@@ -901,28 +901,23 @@ def main_rank() -> bool:
 
 # The flags' checks: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
 CHECKS = [
-    (("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "max_new_tokens"), lambda v: v >= 1, ">= 1"),
-    (("eval_size",), lambda v: v >= 1, ">= 1"),
-    (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
-    (("lag", "eval_every", "checkpoint_every", "generation_batch_size"), lambda v: v >= 0, ">= 0"),
-    (("log_completions_every", "num_completions_to_log"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (
+        ("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "eval_size"),
+        lambda v: 1 <= v < 2**31,
+        "in [1, 2**31)",
+    ),
+    (("total_steps",), lambda v: v is None or 1 <= v < 2**31, "in [1, 2**31)"),
+    (("num_generations",), lambda v: 2 <= v < 2**31, "in [2, 2**31) (GRPO needs a group)"),
+    (
+        ("lag", "eval_every", "checkpoint_every", "generation_batch_size", "log_completions_every", "num_completions_to_log"),
+        lambda v: 0 <= v < 2**31,
+        "in [0, 2**31)",
+    ),
+    (("max_new_tokens",), lambda v: 1 <= v <= 2**17, "in [1, 131072] (longer than the context of the models meant here)"),
     (("question_field", "answer_field"), lambda v: len(v) >= 1, "a field name, not empty"),
-    (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
     (("torch_threads",), lambda v: v is None or 1 <= v <= 4096, "in [1, 4096]"),
-    # Counts far beyond any run would overflow deques, generation lengths or C integers later on.
-    (
-        ("num_iterations", "total_steps", "forward_lag", "lag", "prompts_per_step", "num_generations"),
-        lambda v: v is None or v < 2**31,
-        "< 2**31",
-    ),
-    (
-        ("micro_batch_size", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
-        lambda v: v < 2**31,
-        "< 2**31",
-    ),
-    (("max_new_tokens",), lambda v: v <= 2**17, "<= 131072 (longer than the context of the models meant here)"),
     # Real numbers: NaN fails every comparison; the bounds and their reasons are in the Args docstrings.
     (("temperature",), lambda v: 0.01 <= v <= 10, "in [0.01, 10]"),
     (("learning_rate",), lambda v: 1e-10 <= v <= 1, "in [1e-10, 1]"),
@@ -1516,38 +1511,33 @@ def resume_problem(args: Args, folder: str) -> Optional[str]:
 
 def saved_args_problem(saved: dict, path: str) -> Optional[str]:
     """Why args.json is not a set of this script's arguments: exactly the fields of Args, each a value of its type."""
-    fields = dataclasses.fields(Args)
-    for field in fields:
-        if field.name not in saved:
-            return f"{path} lacks {field.name}"
-        expected = type_problem(field.type, saved[field.name])
-        if expected:
-            return f"{path}: {field.name} must be {expected}, got {json.dumps(saved[field.name])[:60]}"
-    unknown = sorted(set(saved) - {field.name for field in fields})
-    return f"{path} has an unknown key {unknown[0]}" if unknown else None
+    kinds = {field.name: field.type for field in dataclasses.fields(Args)}
+    missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
+    if missing or unknown:
+        return f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}")
+    for name, kind in kinds.items():
+        if not json_fits(saved[name], kind):
+            return f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}"
+    return None
 
 
-def type_problem(kind, value) -> Optional[str]:
-    """What a JSON `value` must be to be a value of the annotation `kind` (int, float, bool, str, a Literal, or one of
-    these Optional); None when it is one. JSON's true is not an int here, nor "2" an int."""
-    optional = typing.get_origin(kind) is typing.Union
-    if optional:
-        if value is None:
-            return None
-        (kind,) = [choice for choice in typing.get_args(kind) if choice is not type(None)]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+def json_fits(value, kind):
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int)."""
+    origin, options = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return isinstance(value, str) and value in options
+    if origin is typing.Union:
+        return any(json_fits(value, option) for option in options)
+    return type(value) in ((int, float) if kind is float else (kind,))
+
+
+def type_words(kind):
+    """An Args field's type as json_fits reads it, in words."""
     if typing.get_origin(kind) is Literal:
-        ok = isinstance(value, str) and value in typing.get_args(kind)
-        expected = "one of " + ", ".join(json.dumps(choice) for choice in typing.get_args(kind))
-    elif kind is bool:
-        ok, expected = isinstance(value, bool), "true or false"
-    elif kind is int:
-        ok, expected = number and isinstance(value, int), "an int"
-    elif kind is float:
-        ok, expected = number, "a number"
-    else:
-        ok, expected = isinstance(value, str), "a string"
-    return None if ok else expected + (" or null" if optional else "")
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is typing.Union:
+        return " or ".join(map(type_words, typing.get_args(kind)))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
 
 
 def stored(name: str, value):

@@ -207,13 +207,13 @@ def test_a_file_system_without_locks_warns_and_goes_on(tiny, tmp_path, capsys, m
     "change, message",
     [
         (lambda saved: saved.pop("lag"), "args.json lacks lag"),
-        (lambda saved: saved.update(num_generations="2"), 'args.json: num_generations must be an int, got "2"'),
-        (lambda saved: saved.update(seed=True), "args.json: seed must be an int, got true"),
+        (lambda saved: saved.update(num_generations="2"), 'args.json: num_generations must be an integer, got "2"'),
+        (lambda saved: saved.update(seed=True), "args.json: seed must be an integer, got true"),
         (lambda saved: saved.update(cuda="false"), 'args.json: cuda must be true or false, got "false"'),
         (lambda saved: saved.update(loss="sgd"), 'args.json: loss must be one of "ppo-clip", "vaco", got "sgd"'),
-        (lambda saved: saved.update(total_steps=2.0), "args.json: total_steps must be an int or null, got 2.0"),
+        (lambda saved: saved.update(total_steps=2.0), "args.json: total_steps must be an integer or null, got 2.0"),
         (lambda saved: saved.update(temperature="1.0"), 'args.json: temperature must be a number, got "1.0"'),
-        (lambda saved: saved.update(foo=1), "args.json has an unknown key foo"),
+        (lambda saved: saved.update(foo=1), "args.json has unknown keys foo"),
         ("[]", "args.json is not a JSON object"),
         ("", "args.json is not JSON (Expecting value"),  # what a start killed mid-write used to leave
     ],

@@ -460,11 +460,11 @@ def expect_usage_error(capsys, call, *fragments):
         (["--loss", "sgd"], "--loss"),
         # Numbers far out of range stop here, before anything is made (not as overflows later on).
         (["--seed", str(2**64)], "--seed must be in [0, 2**32)"),
-        (["--lag", str(10**20)], "--lag must be < 2**31"),
-        (["--forward-lag", str(10**20)], "--forward-lag must be < 2**31"),
-        (["--total-steps", str(2**40)], "--total-steps must be < 2**31"),
-        (["--num-iterations", str(10**20)], "--num-iterations must be < 2**31"),
-        (["--max-new-tokens", str(10**20)], "--max-new-tokens must be <= 131072"),
+        (["--lag", str(10**20)], "--lag must be in [0, 2**31)"),
+        (["--forward-lag", str(10**20)], "--forward-lag must be in [1, 2**31)"),
+        (["--total-steps", str(2**40)], "--total-steps must be in [1, 2**31)"),
+        (["--num-iterations", str(10**20)], "--num-iterations must be in [1, 2**31)"),
+        (["--max-new-tokens", str(10**20)], "--max-new-tokens must be in [1, 131072]"),
         (["--torch-threads", str(10**20)], "--torch-threads must be in [1, 4096]"),
         (["--prompts-per-step", str(2**30), "--micro-batch-size", "8"], "must be <= 1048576 sequences"),
         # Real numbers that would be taken without meaning: huge, 2**64, subnormal, zero, NaN, infinite.
