@@ -973,10 +973,7 @@ def remove_run_files(run_dir, run_id):
         if name == "wandb" and written_by_a_run(run_dir, name):
             remove_wandb_files(run_dir, keep=run_id)
         elif name != "run.lock" and written_by_a_run(run_dir, name):
-            if name == "videos":
-                shutil.rmtree(f"{run_dir}/{name}")
-            else:
-                os.remove(f"{run_dir}/{name}")
+            (shutil.rmtree if name == "videos" else os.remove)(f"{run_dir}/{name}")
 
 
 def remove_wandb_files(run_dir, keep=None, only=None):
