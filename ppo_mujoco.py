@@ -660,9 +660,8 @@ def read_run_record(run_dir):
 
 
 def check_run_dir(args):
-    """Raise ValueError if the run folder cannot be used as asked; nothing is written. A new run takes a new or
-    empty folder (one that a stopped start left with only run.lock or *.tmp counts as empty); --resume and
-    --overwrite take a run of this script, and --overwrite one that holds nothing a run does not write."""
+    """Raise ValueError if the run folder cannot be used as asked. A new run takes a new or empty folder (run.lock and
+    *.tmp aside); --resume a run of this script; --overwrite one that holds nothing else."""
     run_dir = args.run_dir or "runs"
     parent = os.path.abspath(run_dir)
     while not os.path.exists(parent):
@@ -765,8 +764,7 @@ def tyro_cli(argv, default=None):
 
 
 def choose_backend(args):
-    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up,
-    gymnasium below it, for a task EnvPool lacks, and for video."""
+    """--env-backend auto: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, else (and for video) gymnasium."""
     import envpool
 
     many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
@@ -805,8 +803,7 @@ def load_checkpoint(path, run_id):
 
 def read_checkpoint(run_dir):
     """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read or is not this run's.
-    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash between
-    save_checkpoint's two renames."""
+    checkpoint.prev.pt is taken only where checkpoint.pt is missing (a crash between save_checkpoint's renames)."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
     if not os.path.exists(path):
         if not os.path.exists(previous):
@@ -825,8 +822,7 @@ def read_checkpoint(run_dir):
 
 
 def parse_args(argv=None) -> Args:
-    """tyro CLI plus validation; reads the run folder but writes nothing. Bad input prints one `error:` line and
-    exits with code 2."""
+    """tyro CLI plus check_args; writes nothing. Bad input prints one `error:` line and exits with code 2."""
     argv = normalise_bool_flags(sys.argv[1:] if argv is None else argv)
     try:
         args = tyro_cli(argv)
@@ -853,10 +849,8 @@ def parse_args(argv=None) -> Args:
 
 
 def resume_if_same_run(args):
-    """--auto-resume: the command line defines the whole run. Where --run-dir holds a run (run.json), it must be this
-    one: its saved arguments equal the command's, but for RESUME_MAY_CHANGE; then it is resumed (a finished run
-    is left as it is). Another run is refused (ValueError), never replaced; a folder without a run, or with one that
-    never started (never_started), starts it."""
+    """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
+    else refused (ValueError); a folder without a run, or with one that never started, starts it."""
     if not os.path.exists(f"{args.run_dir}/run.json"):
         return args
     read_run_record(args.run_dir)
@@ -936,9 +930,8 @@ def lock_run_dir(run_dir):
 
 
 def claim_run_dir(args, run_name):
-    """Create or take the run folder and hold it (lock_run_dir) until the process ends. The default folder is
-    always a new one (runs/{run_name}, -2, -3, ... where the name is taken); a folder that another process
-    holds is refused (ValueError). Returns (run folder, whether this call created it)."""
+    """Create or take the run folder and lock it (ValueError if another process holds it); the default one is always
+    new (runs/{run_name}, -2, -3, ...). Returns (run folder, whether this call created it)."""
     if args.run_dir:
         created = not os.path.exists(args.run_dir)
         os.makedirs(args.run_dir, exist_ok=True)
@@ -968,9 +961,8 @@ def release_run_dir(run_dir, undo=None):
 
 
 def remove_run_files(run_dir, run_id):
-    """--overwrite: delete the run that run_dir holds, file by file; check_run_dir made sure that it holds
-    nothing else. The folder and its lock stay, and so do the wandb files of the new run `run_id` (wandb starts
-    first, so that a start it refuses leaves the old run)."""
+    """--overwrite: delete the run that run_dir holds (check_run_dir: nothing else), file by file. The folder, its lock
+    and the wandb files of the new run `run_id` stay (wandb starts first, so that its refusal leaves the old run)."""
     for name in os.listdir(run_dir):
         if name == "wandb" and written_by_a_run(run_dir, name):
             remove_wandb_files(run_dir, keep=run_id)
@@ -1140,9 +1132,8 @@ class GymnasiumEnvs:
 
 
 class EnvPoolEnvs:
-    """EnvPool with the same interface and semantics as GymnasiumEnvs. EnvPool resets an env on the step
-    *after* its episode ended (that step ignores the action and returns reward 0); we take that reset step for
-    the ended envs at once, so a reset-only transition never reaches the rollout buffer."""
+    """EnvPool as GymnasiumEnvs. EnvPool resets an env on the step *after* its episode ended (reward 0, the action
+    ignored); we take that step for the ended envs at once, so it never reaches the rollout buffer."""
 
     def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
         import envpool
@@ -1199,8 +1190,7 @@ def stop_on_signals():
 
 
 class EpisodeStats:
-    """The return and length of each env's episode in progress, and those of the episodes finished
-    since the last log_iteration (which logs and clears them)."""
+    """Return and length of each env's episode in progress, and of those finished since the last log_iteration."""
 
     def __init__(self, num_envs):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
@@ -1217,9 +1207,8 @@ class EpisodeStats:
 
 
 def save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt. Written atomically, under a header with
-    the run's id and the SHA-256 of the rest; the checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at
-    any point leaves a readable one."""
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt under a header (run id, SHA-256 of the
+    rest), written atomically; the one it replaces stays as checkpoint.prev.pt, so a crash leaves a readable one."""
     if args.track:
         import wandb
     in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
@@ -1278,8 +1267,7 @@ def restore(args, checkpoint, envs, device, learner):
 
 
 def log_iteration(writer, args, progress, episode_stats, scalars):
-    """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's
-    scalars, the time spent; and its line to stdout."""
+    """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
     step, finished_returns = progress.global_step, episode_stats.finished_returns
     sps = int(step / progress.seconds())
     with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here

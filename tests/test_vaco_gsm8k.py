@@ -596,7 +596,8 @@ def bad_input_cases(tmp_path, tiny):
     existing = tmp_path / "existing"  # a run of this script whose args.json is another run's
     existing.mkdir()
     (existing / "run.json").write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "0" * 32}))
-    (existing / "args.json").write_text(json.dumps({**dataclasses.asdict(V.Args()), "exp_name": "other"}))
+    other_run = {**dataclasses.asdict(V.Args(model_id=tiny["llama"])), "exp_name": "other"}
+    (existing / "args.json").write_text(json.dumps(other_run))
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "run.json").write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "0" * 32}))
