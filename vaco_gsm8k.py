@@ -83,7 +83,6 @@ import shutil
 import socket
 import stat
 import sys
-import tempfile
 import time
 import typing
 import urllib.parse
@@ -1445,15 +1444,8 @@ def run_dir_problem(args: Args) -> Optional[str]:
         existing = os.path.dirname(os.path.abspath(existing))
     if not os.path.isdir(existing):
         return f"{shown} is under a file ({existing})"
-    if existing == path and not os.access(path, os.W_OK | os.X_OK):
-        return f"{shown} is not writable"
-    if existing != path:  # root ignores permission bits and /proc refuses files: a real probe, removed at once
-        try:
-            handle, probe = tempfile.mkstemp(dir=existing)
-            os.close(handle)
-            os.remove(probe)
-        except OSError as error:
-            return f"{shown} is not writable: cannot create a file in {existing} ({error.strerror})"
+    if not os.access(existing, os.W_OK | os.X_OK):  # as root, /proc and the like are refused when the folder is made
+        return f"{shown} is not writable" + ("" if existing == path else f" ({existing} is not)")
     return folder_problem(args, args.run_dir) if args.run_dir else None
 
 
