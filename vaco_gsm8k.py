@@ -986,9 +986,8 @@ def check_args(args: Args) -> None:
         problem = model_path_problem(os.path.expanduser(args.model_id))
         if problem:
             raise ValueError(f"--model-id {args.model_id}: {problem}")
-    problem = main_rank() and run_dir_problem(args)
-    if problem:
-        raise ValueError(problem)
+    if main_rank():
+        check_run_dir(args)
 
 
 def model_path_problem(path: str) -> Optional[str]:
@@ -1426,91 +1425,91 @@ def read_run(folder: str) -> dict:
     run = read_json_object(path)
     if not all(isinstance(run.get(key), str) for key in ("script", "run_id")) or type(run.get("format")) is not int:
         raise ValueError(f"{path} is not a run description (script, format, run_id)")
+    if run["script"] != SCRIPT:
+        raise ValueError(f"{folder} holds a run of {run['script']}, not of {SCRIPT}")
+    if run["format"] != RUN_FORMAT:
+        raise ValueError(f"{folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}")
     return run
 
 
-def run_dir_problem(args: Args) -> Optional[str]:
-    """Why the run folder cannot be used: flags that exclude each other, a path that cannot be a writable folder, or
-    what folder_problem finds in it. The default folder is new (made by the claim), so only runs/ is checked."""
+def check_run_dir(args: Args):
+    """Raise ValueError if the run folder cannot be used: flags that exclude each other, a path that cannot be a
+    writable folder, or what check_folder finds in it. The default folder is new (made by the claim): only runs/."""
     if args.resume and args.overwrite:
-        return "--resume and --overwrite exclude each other"
+        raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
-        return "--resume needs the --run-dir of the run to continue (a run started without one is in runs/gsm8k__...)"
+        raise ValueError("--resume needs the --run-dir of the run to continue (one started without it is in runs/gsm8k__...)")
     path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
     if os.path.exists(path) and not os.path.isdir(path):
-        return f"{shown} is a file"
+        raise ValueError(f"{shown} is a file")
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(os.path.abspath(existing))
     if not os.path.isdir(existing):
-        return f"{shown} is under a file ({existing})"
+        raise ValueError(f"{shown} is under a file ({existing})")
     if not os.access(existing, os.W_OK | os.X_OK):  # as root, /proc and the like are refused when the folder is made
-        return f"{shown} is not writable" + ("" if existing == path else f" ({existing} is not)")
-    return folder_problem(args, args.run_dir) if args.run_dir else None
+        raise ValueError(f"{shown} is not writable" + ("" if existing == path else f" ({existing} is not)"))
+    if args.run_dir:
+        check_folder(args, args.run_dir)
 
 
-def folder_problem(args: Args, folder: str) -> Optional[str]:
-    """Why `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite a run of this
-    script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
+def check_folder(args: Args, folder: str):
+    """Raise ValueError if `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite
+    a run of this script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
     if args.resume:
-        return resume_problem(args, folder)
+        return check_resume(args, folder)
     try:
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     except OSError as error:
-        return f"cannot read {folder}: {error.strerror}"
+        raise ValueError(f"cannot read {folder}: {error.strerror}")
     content = [name for name in names if not leftover(folder, name)]
     if not content:
-        return None
+        return
     if RUN_FILE not in content:
-        return f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir"
+        raise ValueError(f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir")
     try:
-        script = read_run(folder)["script"]
+        read_run(folder)
     except ValueError as error:
-        return f"{error}; choose another --run-dir"
-    if script != SCRIPT:
-        return f"{folder} holds a run of {script}, not of {SCRIPT}; choose another --run-dir"
+        raise ValueError(f"{error}; choose another --run-dir")
     if not args.overwrite:
-        return f"{folder} already holds a run: --resume continues it, --overwrite replaces it"
+        raise ValueError(f"{folder} already holds a run: --resume continues it, --overwrite replaces it")
     others = [name for name in content if not own_entry(folder, name)]
     if others:
-        return f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
-    return None
+        raise ValueError(
+            f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
+        )
 
 
-def resume_problem(args: Args, folder: str) -> Optional[str]:
-    """Why the run in `folder` cannot continue with these flags: no run, another script's, another format, an args.json
-    that is not this script's arguments or differs beyond RESUME_MAY_CHANGE, or a checkpoint that fails checkpoint_problem."""
+def check_resume(args: Args, folder: str):
+    """Raise ValueError if the run in `folder` cannot continue with these flags: no run of this script and format, an
+    args.json that is not this script's arguments or differs beyond RESUME_MAY_CHANGE, or a damaged checkpoint."""
     if not os.path.exists(os.path.join(folder, RUN_FILE)):
-        return f"--resume: {folder} holds no run"
+        raise ValueError(f"--resume: {folder} holds no run")
     saved_args = os.path.join(folder, ARGS_FILE)
     try:
         run = read_run(folder)
-        if run["script"] != SCRIPT:
-            return f"--resume: {folder} holds a run of {run['script']}, not of {SCRIPT}"
-        if run["format"] != RUN_FORMAT:
-            return f"--resume: {folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}"
-        saved = read_json_object(saved_args)
+        saved = read_saved_args(saved_args)
     except ValueError as error:
-        return f"--resume: {error}"
-    problem = saved_args_problem(saved, saved_args)
-    if problem:
-        return f"--resume: {problem}"
+        raise ValueError(f"--resume: {error}")
     for name, value in dataclasses.asdict(args).items():
         if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
-            return f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}"
-    return checkpoint_check(folder, run["run_id"])
+            raise ValueError(f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}")
+    problem = checkpoint_check(folder, run["run_id"])
+    if problem:
+        raise ValueError(problem)
 
 
-def saved_args_problem(saved: dict, path: str) -> Optional[str]:
-    """Why args.json is not a set of this script's arguments: exactly the fields of Args, each a value of its type."""
+def read_saved_args(path: str) -> dict:
+    """args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args field's type."""
+    saved = read_json_object(path)
     kinds = {field.name: field.type for field in dataclasses.fields(Args)}
     missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
     if missing or unknown:
-        return f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}")
+        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
     for name, kind in kinds.items():
         if not json_fits(saved[name], kind):
-            return f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}"
-    return None
+            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}")
+    return saved
 
 
 def json_fits(value, kind):
@@ -1700,10 +1699,11 @@ def claim_run_folder(args: Args, run_name: str) -> Claim:
         claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
     except OSError as error:
         fail(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
-    problem = folder_problem(args, run_dir)
-    if problem:
+    try:
+        check_folder(args, run_dir)
+    except ValueError as error:
         roll_back(claim)
-        fail(problem)
+        fail(str(error))
     if args.resume:
         claim.run_id = read_run(run_dir)["run_id"]
     return claim
