@@ -455,7 +455,6 @@ def main(args):
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
 
-# The plumbing's own imports: none of them is needed to read the algorithm above.
 import contextlib
 import dataclasses
 import errno
@@ -479,9 +478,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
-# The checks of the run's numeric flags (ALGORITHM_CHECKS has the algorithm's). The upper bounds are what the
-# libraries take (EnvPool's seed and torch's thread count are C ints, TensorBoard's step an int64) or where a
-# count stops describing a run that ends (evaluation episodes), not what is useful.
+# The run's numeric flags (ALGORITHM_CHECKS has the algorithm's). Upper bounds are what the libraries take (C ints,
+# TensorBoard's int64 step) or where a count stops describing a run that ends, not what is useful.
 CHECKS = [
     (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("num_envs", "num_steps"), lambda v: v > 0, "> 0"),
@@ -491,9 +489,8 @@ CHECKS = [
     (("torch_threads",), lambda v: 0 < v <= 1024, "in [1, 1024]"),
     (("env_threads",), lambda v: 0 <= v <= 1024, "in [0, 1024]"),
 ]
-# On --resume the command line may change only these; everything else is the saved run's. The run
-# folder is where the run is now (it may have been moved). EnvPool's results do not depend on its
-# thread count; torch's change slightly with theirs.
+# What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
+# EnvPool's results do not depend on its thread count, torch's change slightly with theirs.
 RESUME_MAY_CHANGE = {"resume", "overwrite", "auto_resume", "checkpoint_every", "save_model", "eval_episodes", "track"}
 RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
 # --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
@@ -516,9 +513,7 @@ CHECKPOINT_HEADER_BYTES = 256
 # What wandb writes in <run-dir>/wandb: a folder per start of the run (named by the start's time and the run's id)
 # and its links to the latest one.
 WANDB_ENTRY = r"(offline-)?run-\d{8}_\d{6}-[a-z0-9]+|latest-run|debug(-internal|-cli\.\w+)?\.log"
-# The open run.lock of each run folder this process holds: its lock lasts until the file is closed or the
-# process ends, however it ends.
-RUN_LOCKS = {}
+RUN_LOCKS = {}  # the open run.lock of each run folder this process holds (lock_run_dir)
 
 
 @dataclass
@@ -572,8 +567,7 @@ def env_spaces(env_id, env_backend):
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id: {env_id!r} (not in gymnasium's registry)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             probe = gym.make(env_id)
     except Exception as e:  # registered, but a dependency is missing (e.g. mujoco-py for -v2, Box2D)
         raise ValueError(f"{env_id} cannot be built: {type(e).__name__}: {str(e).splitlines()[0]}")
@@ -608,27 +602,15 @@ def check_args(args: Args) -> None:
             env_spaces(args.env_id, "gymnasium")
         except ValueError as e:
             raise ValueError(f"the evaluation runs on gymnasium: {str(e).rstrip('.')}; --eval-episodes 0 skips it")
-    # Rollout buffers, full-batch passes and the update's temporaries (float32 per sample), plus ~2 MB per env.
-    per_sample = 6 * observation_space.shape[0] + 4 * action_space.shape[0] + 160
-    need = 4 * args.batch_size * per_sample + args.num_envs * 2**21
-    proc_meminfo = open("/proc/meminfo").read() if os.path.exists("/proc/meminfo") else ""
-    meminfo = re.search(r"MemAvailable:\s+(\d+)", proc_meminfo)
-    available = int(meminfo.group(1)) * 1024 if meminfo else float("inf")
-    if need > available:
-        raise ValueError(
-            f"{args.num_envs} x {args.num_steps} steps need ~{need / 2**30:.1f} GiB; {available / 2**30:.1f} GiB free"
-        )
-    if args.capture_video:
-        try:  # the renderer gymnasium will pick (MUJOCO_GL), on an empty model: a fraction of a second
+    if args.capture_video:  # the first frame is rendered after the run folder is written: render one now
+        try:
             from gymnasium.envs.mujoco.mujoco_rendering import OffScreenViewer
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(action="ignore"):  # glfw warns before it fails
                 model = mujoco.MjModel.from_xml_string("<mujoco/>")
                 OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
         except Exception as e:
-            why = str(e).splitlines()[0]
-            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {why}")
+            raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
@@ -678,9 +660,8 @@ def read_run_record(run_dir):
 
 
 def check_run_dir(args):
-    """Raise ValueError if the run folder cannot be used as asked; nothing is written. A new run takes a new or
-    empty folder (one that a stopped start left with only run.lock or *.tmp counts as empty); --resume and
-    --overwrite take a run of this script, and --overwrite one that holds nothing a run does not write."""
+    """Raise ValueError if the run folder cannot be used as asked. A new run takes a new or empty folder (run.lock and
+    *.tmp aside); --resume a run of this script; --overwrite one that holds nothing else."""
     run_dir = args.run_dir or "runs"
     parent = os.path.abspath(run_dir)
     while not os.path.exists(parent):
@@ -704,10 +685,16 @@ def check_run_dir(args):
         if others:
             raise ValueError(f"{run_dir} holds files that are not a run of {SCRIPT}.py ({listed}): choose another --run-dir")
         raise ValueError(f"{run_dir} holds a run of an earlier version (no run.json): choose another --run-dir")
-    if not args.overwrite:
+    if not args.overwrite and not (args.auto_resume and never_started(run_dir)):
         raise ValueError(f"{run_dir} already holds a run: --resume continues it, --overwrite replaces it")
     if others:
         raise ValueError(f"{run_dir} holds files that a run does not write ({listed}); --overwrite deletes only a run's")
+
+
+def never_started(run_dir):
+    """Whether run_dir's run.json is all that a start killed before it wrote args.json left (with run.lock, *.tmp and
+    wandb's files): a run to start again."""
+    return all(name in ("run.json", "run.lock", "wandb") or name.endswith(".tmp") for name in os.listdir(run_dir))
 
 
 def json_fits(value, kind):
@@ -732,7 +719,12 @@ def type_words(kind):
 def read_saved_args(path):
     """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped."""
     if not os.path.isfile(path):
-        raise ValueError(f"{path} is missing (the run stopped before writing it): --overwrite starts it afresh")
+        never = never_started(os.path.dirname(path))
+        raise ValueError(
+            f"{path} is missing: "
+            + ("the run never started; --auto-resume or " if never else "")
+            + "--overwrite starts it afresh"
+        )
     saved = read_json(path)
     if not isinstance(saved, dict):
         raise ValueError(f"{path} is not a JSON object")
@@ -746,28 +738,33 @@ def read_saved_args(path):
     return Args(**saved)
 
 
+def normalise_bool_flags(argv):
+    """wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`."""
+    bools = {field.name for field in dataclasses.fields(Args) if field.type is bool}
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
+        if m and m.group(1).replace("-", "_") in bools:
+            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    return argv
+
+
 def tyro_cli(argv, default=None):
-    """tyro.cli on Args, its boxed error message folded into a one-line ValueError (--help prints as usual)."""
+    """tyro.cli on Args; its boxed error becomes a one-line ValueError: the box's first paragraph, less its title."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
             return tyro.cli(Args, args=argv, default=default)
     except SystemExit as e:
-        if not e.code:
+        if not e.code:  # --help
             sys.stderr.write(captured.getvalue())
             raise
-        # The box's title line, then its message up to the first inner rule; box drawing and colours removed.
-        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue())
-        lines = [line.strip() for line in text.splitlines()]
-        title = next((i for i, line in enumerate(lines) if line), len(lines))
-        body = lines[title + 1 :]
-        text = " ".join(body[: body.index("")] if "" in body else body)
-        raise ValueError(text or "cannot parse the command line (see --help)")
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue()).strip()  # no colours, no box
+        raise ValueError(" ".join(re.split(r"\n\s*\n", text)[0].split("\n", 1)[-1].split()))
 
 
 def choose_backend(args):
-    """What --env-backend auto means for this run: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up,
-    gymnasium below it, for a task EnvPool lacks, and for video."""
+    """--env-backend auto: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, else (and for video) gymnasium."""
     import envpool
 
     many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
@@ -799,17 +796,14 @@ def load_checkpoint(path, run_id):
     except Exception as e:  # the digest matched: only a checkpoint that was wrong when written lands here
         raise DamagedCheckpoint(type(e).__name__)
     fields = {field.name for field in dataclasses.fields(Progress)}
-    if not (isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and isinstance(state["progress"], dict)):
-        raise DamagedCheckpoint("not a checkpoint of this script")
-    if set(state["progress"]) != fields:
+    if not (isinstance(state, dict) and CHECKPOINT_KEYS <= set(state) and set(state["progress"]) == fields):
         raise DamagedCheckpoint("not a checkpoint of this script")
     return state
 
 
 def read_checkpoint(run_dir):
     """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read or is not this run's.
-    checkpoint.prev.pt (the one before) is taken only where checkpoint.pt is missing: a crash between
-    save_checkpoint's two renames."""
+    checkpoint.prev.pt is taken only where checkpoint.pt is missing (a crash between save_checkpoint's renames)."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
     if not os.path.exists(path):
         if not os.path.exists(previous):
@@ -828,15 +822,8 @@ def read_checkpoint(run_dir):
 
 
 def parse_args(argv=None) -> Args:
-    """tyro CLI plus validation; reads the run folder but writes nothing. Bad input prints one `error:` line and
-    exits with code 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`.
-    bool_fields = {f.name for f in dataclasses.fields(Args) if f.type is bool}
-    for i, arg in enumerate(argv):
-        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
-        if m and m.group(1).replace("-", "_") in bool_fields:
-            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    """tyro CLI plus check_args; writes nothing. Bad input prints one `error:` line and exits with code 2."""
+    argv = normalise_bool_flags(sys.argv[1:] if argv is None else argv)
     try:
         args = tyro_cli(argv)
         if args.resume and args.run_dir and not args.overwrite:
@@ -862,12 +849,13 @@ def parse_args(argv=None) -> Args:
 
 
 def resume_if_same_run(args):
-    """--auto-resume: the command line defines the whole run. Where --run-dir holds a run (run.json), it must be this
-    one: its saved arguments equal the command's, but for RESUME_MAY_CHANGE; then it is resumed (a finished run
-    is left as it is). Another run is refused (ValueError), never replaced; a folder without a run starts it."""
+    """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
+    else refused (ValueError); a folder without a run, or with one that never started, starts it."""
     if not os.path.exists(f"{args.run_dir}/run.json"):
         return args
     read_run_record(args.run_dir)
+    if never_started(args.run_dir):
+        return args
     saved = dataclasses.asdict(read_saved_args(f"{args.run_dir}/args.json"))
     changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in dataclasses.asdict(args).items() if v != saved[k]]
     changed = [words for words in changed if words.split()[0] not in RESUME_MAY_CHANGE]
@@ -942,9 +930,8 @@ def lock_run_dir(run_dir):
 
 
 def claim_run_dir(args, run_name):
-    """Create or take the run folder and hold it (lock_run_dir) until the process ends. The default folder is
-    always a new one (runs/{run_name}, -2, -3, ... where the name is taken); a folder that another process
-    holds is refused (ValueError). Returns (run folder, whether this call created it)."""
+    """Create or take the run folder and lock it (ValueError if another process holds it); the default one is always
+    new (runs/{run_name}, -2, -3, ...). Returns (run folder, whether this call created it)."""
     if args.run_dir:
         created = not os.path.exists(args.run_dir)
         os.makedirs(args.run_dir, exist_ok=True)
@@ -974,17 +961,13 @@ def release_run_dir(run_dir, undo=None):
 
 
 def remove_run_files(run_dir, run_id):
-    """--overwrite: delete the run that run_dir holds, file by file; check_run_dir made sure that it holds
-    nothing else. The folder and its lock stay, and so do the wandb files of the new run `run_id` (wandb starts
-    first, so that a start it refuses leaves the old run)."""
+    """--overwrite: delete the run that run_dir holds (check_run_dir: nothing else), file by file. The folder, its lock
+    and the wandb files of the new run `run_id` stay (wandb starts first, so that its refusal leaves the old run)."""
     for name in os.listdir(run_dir):
         if name == "wandb" and written_by_a_run(run_dir, name):
             remove_wandb_files(run_dir, keep=run_id)
         elif name != "run.lock" and written_by_a_run(run_dir, name):
-            if name == "videos":
-                shutil.rmtree(f"{run_dir}/{name}")
-            else:
-                os.remove(f"{run_dir}/{name}")
+            (shutil.rmtree if name == "videos" else os.remove)(f"{run_dir}/{name}")
 
 
 def remove_wandb_files(run_dir, keep=None, only=None):
@@ -1149,9 +1132,8 @@ class GymnasiumEnvs:
 
 
 class EnvPoolEnvs:
-    """EnvPool with the same interface and semantics as GymnasiumEnvs. EnvPool resets an env on the step
-    *after* its episode ended (that step ignores the action and returns reward 0); we take that reset step for
-    the ended envs at once, so a reset-only transition never reaches the rollout buffer."""
+    """EnvPool as GymnasiumEnvs. EnvPool resets an env on the step *after* its episode ended (reward 0, the action
+    ignored); we take that step for the ended envs at once, so it never reaches the rollout buffer."""
 
     def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
         import envpool
@@ -1208,8 +1190,7 @@ def stop_on_signals():
 
 
 class EpisodeStats:
-    """The return and length of each env's episode in progress, and those of the episodes finished
-    since the last log_iteration (which logs and clears them)."""
+    """Return and length of each env's episode in progress, and of those finished since the last log_iteration."""
 
     def __init__(self, num_envs):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
@@ -1226,9 +1207,8 @@ class EpisodeStats:
 
 
 def save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats):
-    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt. Written atomically, under a header with
-    the run's id and the SHA-256 of the rest; the checkpoint it replaces is kept as checkpoint.prev.pt, so a crash at
-    any point leaves a readable one."""
+    """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt under a header (run id, SHA-256 of the
+    rest), written atomically; the one it replaces stays as checkpoint.prev.pt, so a crash leaves a readable one."""
     if args.track:
         import wandb
     in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
@@ -1287,8 +1267,7 @@ def restore(args, checkpoint, envs, device, learner):
 
 
 def log_iteration(writer, args, progress, episode_stats, scalars):
-    """One iteration to TensorBoard (and so to wandb): the episodes it finished, the algorithm's
-    scalars, the time spent; and its line to stdout."""
+    """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
     step, finished_returns = progress.global_step, episode_stats.finished_returns
     sps = int(step / progress.seconds())
     with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here

@@ -83,7 +83,6 @@ import shutil
 import socket
 import stat
 import sys
-import tempfile
 import time
 import typing
 import urllib.parse
@@ -222,7 +221,8 @@ def completion_logprobs(
 def iterate(run: "Run") -> Optional[signal.Signals]:
     """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
     args = run.args
-    previous_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = stop_on_signals()
     run.start_time = time.time()
     try:
         if run.eval_rows and run.main_process and (not args.resume or run.restart):
@@ -258,13 +258,11 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
             log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
             log_completions(run, iteration, generated)
             warn_if_no_signal(run)
-            if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            stopping = run.all_reduce([len(stop)], torch.distributed.ReduceOp.MAX)[0] > 0  # all ranks stop together
+            if last or stopping or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
                 write_checkpoint(run, iteration)
-    except Interrupted as stop:
-        interrupted = signal.Signals(stop.args[0])
-        if run.main_process:
-            print(f"\ninterrupted by {interrupted.name} at step {run.counters['global_step']}", flush=True)
-        return interrupted
+            if stopping:
+                return signal.Signals(stop[0] if stop else signal.SIGTERM)
     except FloatingPointError as problem:
         if run.writer:
             run.writer.close()
@@ -736,36 +734,6 @@ INSTRUCTION = "Solve the problem step by step. End with the final answer on its 
 
 @dataclass
 class Args:
-    exp_name: str = SCRIPT
-    """the name of this experiment (part of the default run folder's name: 1 to 100 characters, no `/`)"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    torch_threads: Optional[int] = None
-    """number of CPU threads torch may use (None: torch's choice); 1 avoids oversubscription on a shared machine"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "vaco"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    run_dir: Optional[str] = None
-    """folder of the run: run.json, args.json, TensorBoard logs, checkpoints, the saved model (None: a new folder
-    runs/gsm8k__<exp_name>__<loss>__<seed>__<time>); a folder holding anything else is refused"""
-    save_model: bool = False
-    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
-    resume: bool = False
-    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
-    that stopped before its first checkpoint starts again from the beginning; a finished one is left as it is)"""
-    overwrite: bool = False
-    """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
-    holding other files is refused); without it, an existing run is refused"""
-    checkpoint_every: int = 10
-    """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
-
     # Model and data
     model_id: str = "Qwen/Qwen2.5-0.5B-Instruct"
     """Hugging Face hub id, local save_pretrained folder, or local .gguf file (or a folder holding one) of a causal LM
@@ -794,10 +762,6 @@ class Args:
     K take the same steps on the same number of samples (None: --num-iterations decides)"""
     forward_lag: int = 1
     """K: optimizer steps per generation batch (the generation batch holds K x prompts-per-step prompts)"""
-    lag: int = 0
-    """backward lag: generate with one of the lag+1 most recent policies (0: synchronous)"""
-    lag_mode: Literal["uniform", "fixed"] = "uniform"
-    """which buffered policy generates: uniform draw, or always the oldest (ours)"""
     prompts_per_step: int = 32
     """prompts per minibatch, i.e. per optimizer step (paper: 32)"""
     num_generations: int = 8
@@ -809,6 +773,10 @@ class Args:
     1e-10 that is under float32's resolution of the weights: nothing would train)"""
     max_grad_norm: float = 1.0
     """the maximum norm for the gradient clipping, in [1e-6, 1e6] (ours)"""
+    lag: int = 0
+    """backward lag: generate with one of the lag+1 most recent policies (0: synchronous)"""
+    lag_mode: Literal["uniform", "fixed"] = "uniform"
+    """which buffered policy generates: uniform draw, or always the oldest (ours)"""
     clip_low: float = 0.2
     """PPO-clip lower ratio: r is clipped below at 1 - clip_low, in [1e-4, 1) (paper: 0.2; a narrower clip would act
     on the rounding noise of r)"""
@@ -852,6 +820,37 @@ class Args:
     answer_field: str = "answer"
     """the field of a data row holding the reference answer, text ending in `#### <number>`"""
 
+    # The run
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the default run folder's name: 1 to 100 characters, no `/`)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    torch_threads: Optional[int] = None
+    """number of CPU threads torch may use (None: torch's choice); 1 avoids oversubscription on a shared machine"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "vaco"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    save_model: bool = False
+    """if toggled, save model and tokenizer with `save_pretrained` to <run_dir>/model at the end (also when stopped)"""
+    run_dir: Optional[str] = None
+    """folder of the run: run.json, args.json, TensorBoard logs, checkpoints, the saved model (None: a new folder
+    runs/gsm8k__<exp_name>__<loss>__<seed>__<time>); a folder holding anything else is refused"""
+    resume: bool = False
+    """continue the run in --run-dir from its last checkpoint (the other flags must match its args.json; a run
+    that stopped before its first checkpoint starts again from the beginning; a finished one is left as it is)"""
+    overwrite: bool = False
+    """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
+    holding other files is refused); without it, an existing run is refused"""
+    checkpoint_every: int = 10
+    """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
+
 
 def fail(message: str):
     """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
@@ -859,18 +858,29 @@ def fail(message: str):
     raise SystemExit(2)
 
 
-def normalise_bool_flags(argv: list[str]) -> list[str]:
-    """Rewrite wandb-sweep style `--flag=True/False` into tyro's `--flag` / `--no-flag`."""
-    bools = {f.name for f in dataclasses.fields(Args) if f.type is bool}
-    out = []
-    for token in argv:
-        name, sep, value = token.partition("=")
-        key = name[2:].replace("-", "_")
-        if token.startswith("--") and sep and key in bools and value.lower() in ("true", "false"):
-            out.append(f"--{key.replace('_', '-')}" if value.lower() == "true" else f"--no-{key.replace('_', '-')}")
-        else:
-            out.append(token)
-    return out
+def normalise_bool_flags(argv):
+    """wandb sweeps pass booleans as `--flag=True`; tyro only knows `--flag` / `--no-flag`."""
+    bools = {field.name for field in dataclasses.fields(Args) if field.type is bool}
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        m = re.fullmatch(r"--([\w-]+)=(true|false)", arg, flags=re.IGNORECASE)
+        if m and m.group(1).replace("-", "_") in bools:
+            argv[i] = ("--" if m.group(2).lower() == "true" else "--no-") + m.group(1).replace("_", "-")
+    return argv
+
+
+def tyro_cli(argv, default=None):
+    """tyro.cli on Args; its boxed error becomes a one-line ValueError: the box's first paragraph, less its title."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(Args, args=argv, default=default)
+    except SystemExit as e:
+        if not e.code:  # --help
+            sys.stderr.write(captured.getvalue())
+            raise
+        text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue()).strip()  # no colours, no box
+        raise ValueError(" ".join(re.split(r"\n\s*\n", text)[0].split("\n", 1)[-1].split()))
 
 
 def looks_like_path(model_id: str) -> bool:
@@ -888,30 +898,25 @@ def main_rank() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-# Validation table: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
-RULES = [
-    (("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "max_new_tokens"), lambda v: v >= 1, ">= 1"),
-    (("eval_size",), lambda v: v >= 1, ">= 1"),
-    (("num_generations",), lambda v: v >= 2, ">= 2 (GRPO needs a group)"),
-    (("lag", "eval_every", "checkpoint_every", "generation_batch_size"), lambda v: v >= 0, ">= 0"),
-    (("log_completions_every", "num_completions_to_log"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+# The flags' checks: field(s) -> rule -> what the flag must be. Each flag is checked by its meaning.
+CHECKS = [
+    (
+        ("num_iterations", "forward_lag", "prompts_per_step", "micro_batch_size", "eval_size"),
+        lambda v: 1 <= v < 2**31,
+        "in [1, 2**31)",
+    ),
+    (("total_steps",), lambda v: v is None or 1 <= v < 2**31, "in [1, 2**31)"),
+    (("num_generations",), lambda v: 2 <= v < 2**31, "in [2, 2**31) (GRPO needs a group)"),
+    (
+        ("lag", "eval_every", "checkpoint_every", "generation_batch_size", "log_completions_every", "num_completions_to_log"),
+        lambda v: 0 <= v < 2**31,
+        "in [0, 2**31)",
+    ),
+    (("max_new_tokens",), lambda v: 1 <= v <= 2**17, "in [1, 131072] (longer than the context of the models meant here)"),
     (("question_field", "answer_field"), lambda v: len(v) >= 1, "a field name, not empty"),
-    (("total_steps",), lambda v: v is None or v >= 1, ">= 1"),
     (("final_tv_fraction",), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("seed",), lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
     (("torch_threads",), lambda v: v is None or 1 <= v <= 4096, "in [1, 4096]"),
-    # Counts far beyond any run would overflow deques, generation lengths or C integers later on.
-    (
-        ("num_iterations", "total_steps", "forward_lag", "lag", "prompts_per_step", "num_generations"),
-        lambda v: v is None or v < 2**31,
-        "< 2**31",
-    ),
-    (
-        ("micro_batch_size", "eval_every", "checkpoint_every", "generation_batch_size", "eval_size"),
-        lambda v: v < 2**31,
-        "< 2**31",
-    ),
-    (("max_new_tokens",), lambda v: v <= 2**17, "<= 131072 (longer than the context of the models meant here)"),
     # Real numbers: NaN fails every comparison; the bounds and their reasons are in the Args docstrings.
     (("temperature",), lambda v: 0.01 <= v <= 10, "in [0.01, 10]"),
     (("learning_rate",), lambda v: 1e-10 <= v <= 1, "in [1e-10, 1]"),
@@ -925,9 +930,10 @@ RULES = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
-# Flags that may differ between a run and its resumption.
-RESUMABLE = {
-    "run_dir",  # the folder is where the run is, however it is spelled (or if it was moved)
+# What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
+# the iteration count extends or shortens a run (the learning rate is constant); the rest only logs or saves.
+RESUME_MAY_CHANGE = {
+    "run_dir",
     "num_iterations",
     "total_steps",
     "resume",
@@ -947,36 +953,41 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def validate(args: Args) -> Optional[str]:
-    """Why the flags cannot run, or None. Read-only: nothing is made or written."""
-    for names, rule, meaning in RULES:
+def check_args(args: Args) -> None:
+    """Raise ValueError with a one-line message for flags that cannot run. Read-only: nothing is made or written."""
+    for names, rule, meaning in CHECKS:
         for name in names:
             if not rule(getattr(args, name)):
-                return f"{flag(name)} must be {meaning}, got {getattr(args, name)!r}"
+                raise ValueError(f"{flag(name)} must be {meaning}, got {getattr(args, name)!r}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.seed + world - 1 >= 2**32:
-        return f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
+        raise ValueError(
+            f"--seed + processes - 1 must be < 2**32 (each process seeds with seed + rank), got {args.seed + world - 1}"
+        )
     if args.prompts_per_step % world:
-        return f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
+        raise ValueError(
+            f"--prompts-per-step ({args.prompts_per_step}) must be a multiple of the number of processes ({world})"
+        )
     sequences = args.prompts_per_step // world * args.num_generations
     if sequences % args.micro_batch_size:
-        return (
+        raise ValueError(
             f"--micro-batch-size ({args.micro_batch_size}) must divide "
             f"--prompts-per-step x --num-generations{' / processes' if world > 1 else ''} ({sequences})"
         )
     if args.forward_lag * args.prompts_per_step * args.num_generations > MAX_GENERATION_BATCH:
-        return f"--forward-lag x --prompts-per-step x --num-generations must be <= {MAX_GENERATION_BATCH} sequences"
+        raise ValueError(f"--forward-lag x --prompts-per-step x --num-generations must be <= {MAX_GENERATION_BATCH} sequences")
     if args.total_steps and args.total_steps % args.forward_lag:
-        return f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})"
+        raise ValueError(f"--total-steps ({args.total_steps}) must be a multiple of --forward-lag ({args.forward_lag})")
     for name in PATH_FLAGS:
         problem = getattr(args, name) is not None and input_file_problem(getattr(args, name))
         if problem:
-            return f"{flag(name)} {problem}"
+            raise ValueError(f"{flag(name)} {problem}")
     if looks_like_path(args.model_id):
         problem = model_path_problem(os.path.expanduser(args.model_id))
         if problem:
-            return f"--model-id {args.model_id}: {problem}"
-    return run_dir_problem(args) if main_rank() else None
+            raise ValueError(f"--model-id {args.model_id}: {problem}")
+    if main_rank():
+        check_run_dir(args)
 
 
 def model_path_problem(path: str) -> Optional[str]:
@@ -1014,20 +1025,13 @@ def input_file_problem(path: str) -> Optional[str]:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    captured = io.StringIO()
+    """tyro CLI plus check_args; reads the run folder but writes nothing. Bad input prints one `error:` line and exits
+    with code 2."""
     try:
-        with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, args=normalise_bool_flags(argv))
-    except SystemExit as stop:
-        if stop.code:  # tyro's boxed message, folded into one line
-            body = captured.getvalue().split("\n", 1)[-1]  # below the top border, which repeats the title
-            text = " ".join(re.sub(r"[\u2500-\u257f]", " ", body).split())
-            fail(text.split(" For full helptext")[0].split(" Argument helptext")[0])
-        raise
-    error = validate(args)
-    if error:
-        fail(error)
+        args = tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv))
+        check_args(args)
+    except ValueError as error:
+        fail(str(error))
     return args
 
 
@@ -1421,122 +1425,110 @@ def read_run(folder: str) -> dict:
     run = read_json_object(path)
     if not all(isinstance(run.get(key), str) for key in ("script", "run_id")) or type(run.get("format")) is not int:
         raise ValueError(f"{path} is not a run description (script, format, run_id)")
+    if run["script"] != SCRIPT:
+        raise ValueError(f"{folder} holds a run of {run['script']}, not of {SCRIPT}")
+    if run["format"] != RUN_FORMAT:
+        raise ValueError(f"{folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}")
     return run
 
 
-def run_dir_problem(args: Args) -> Optional[str]:
-    """Why the run folder cannot be used: flags that exclude each other, a path that cannot be a writable folder, or
-    what folder_problem finds in it. The default folder is new (made by the claim), so only runs/ is checked."""
+def check_run_dir(args: Args):
+    """Raise ValueError if the run folder cannot be used: flags that exclude each other, a path that cannot be a
+    writable folder, or what check_folder finds in it. The default folder is new (made by the claim): only runs/."""
     if args.resume and args.overwrite:
-        return "--resume and --overwrite exclude each other"
+        raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
-        return "--resume needs the --run-dir of the run to continue (a run started without one is in runs/gsm8k__...)"
+        raise ValueError("--resume needs the --run-dir of the run to continue (one started without it is in runs/gsm8k__...)")
     path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
     if os.path.exists(path) and not os.path.isdir(path):
-        return f"{shown} is a file"
+        raise ValueError(f"{shown} is a file")
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(os.path.abspath(existing))
     if not os.path.isdir(existing):
-        return f"{shown} is under a file ({existing})"
-    if existing == path and not os.access(path, os.W_OK | os.X_OK):
-        return f"{shown} is not writable"
-    if existing != path:  # root ignores permission bits and /proc refuses files: a real probe, removed at once
-        try:
-            handle, probe = tempfile.mkstemp(dir=existing)
-            os.close(handle)
-            os.remove(probe)
-        except OSError as error:
-            return f"{shown} is not writable: cannot create a file in {existing} ({error.strerror})"
-    return folder_problem(args, args.run_dir) if args.run_dir else None
+        raise ValueError(f"{shown} is under a file ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):  # as root, /proc and the like are refused when the folder is made
+        raise ValueError(f"{shown} is not writable" + ("" if existing == path else f" ({existing} is not)"))
+    if args.run_dir:
+        check_folder(args, args.run_dir)
 
 
-def folder_problem(args: Args, folder: str) -> Optional[str]:
-    """Why `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite a run of this
-    script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
+def check_folder(args: Args, folder: str):
+    """Raise ValueError if `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite
+    a run of this script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
     if args.resume:
-        return resume_problem(args, folder)
+        return check_resume(args, folder)
     try:
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     except OSError as error:
-        return f"cannot read {folder}: {error.strerror}"
+        raise ValueError(f"cannot read {folder}: {error.strerror}")
     content = [name for name in names if not leftover(folder, name)]
     if not content:
-        return None
+        return
     if RUN_FILE not in content:
-        return f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir"
+        raise ValueError(f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir")
     try:
-        script = read_run(folder)["script"]
+        read_run(folder)
     except ValueError as error:
-        return f"{error}; choose another --run-dir"
-    if script != SCRIPT:
-        return f"{folder} holds a run of {script}, not of {SCRIPT}; choose another --run-dir"
+        raise ValueError(f"{error}; choose another --run-dir")
     if not args.overwrite:
-        return f"{folder} already holds a run: --resume continues it, --overwrite replaces it"
+        raise ValueError(f"{folder} already holds a run: --resume continues it, --overwrite replaces it")
     others = [name for name in content if not own_entry(folder, name)]
     if others:
-        return f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
-    return None
+        raise ValueError(
+            f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
+        )
 
 
-def resume_problem(args: Args, folder: str) -> Optional[str]:
-    """Why the run in `folder` cannot continue with these flags: no run, another script's, another format, an args.json
-    that is not this script's arguments or differs beyond RESUMABLE, or a checkpoint that fails checkpoint_problem."""
+def check_resume(args: Args, folder: str):
+    """Raise ValueError if the run in `folder` cannot continue with these flags: no run of this script and format, an
+    args.json that is not this script's arguments or differs beyond RESUME_MAY_CHANGE, or a damaged checkpoint."""
     if not os.path.exists(os.path.join(folder, RUN_FILE)):
-        return f"--resume: {folder} holds no run"
+        raise ValueError(f"--resume: {folder} holds no run")
     saved_args = os.path.join(folder, ARGS_FILE)
     try:
         run = read_run(folder)
-        if run["script"] != SCRIPT:
-            return f"--resume: {folder} holds a run of {run['script']}, not of {SCRIPT}"
-        if run["format"] != RUN_FORMAT:
-            return f"--resume: {folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}"
-        saved = read_json_object(saved_args)
+        saved = read_saved_args(saved_args)
     except ValueError as error:
-        return f"--resume: {error}"
-    problem = saved_args_problem(saved, saved_args)
-    if problem:
-        return f"--resume: {problem}"
+        raise ValueError(f"--resume: {error}")
     for name, value in dataclasses.asdict(args).items():
-        if name not in RESUMABLE and saved[name] != stored(name, value):
-            return f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}"
-    return checkpoint_check(folder, run["run_id"])
+        if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
+            raise ValueError(f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}")
+    problem = checkpoint_check(folder, run["run_id"])
+    if problem:
+        raise ValueError(problem)
 
 
-def saved_args_problem(saved: dict, path: str) -> Optional[str]:
-    """Why args.json is not a set of this script's arguments: exactly the fields of Args, each a value of its type."""
-    fields = dataclasses.fields(Args)
-    for field in fields:
-        if field.name not in saved:
-            return f"{path} lacks {field.name}"
-        expected = type_problem(field.type, saved[field.name])
-        if expected:
-            return f"{path}: {field.name} must be {expected}, got {json.dumps(saved[field.name])[:60]}"
-    unknown = sorted(set(saved) - {field.name for field in fields})
-    return f"{path} has an unknown key {unknown[0]}" if unknown else None
+def read_saved_args(path: str) -> dict:
+    """args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args field's type."""
+    saved = read_json_object(path)
+    kinds = {field.name: field.type for field in dataclasses.fields(Args)}
+    missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
+    if missing or unknown:
+        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
+    for name, kind in kinds.items():
+        if not json_fits(saved[name], kind):
+            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}")
+    return saved
 
 
-def type_problem(kind, value) -> Optional[str]:
-    """What a JSON `value` must be to be a value of the annotation `kind` (int, float, bool, str, a Literal, or one of
-    these Optional); None when it is one. JSON's true is not an int here, nor "2" an int."""
-    optional = typing.get_origin(kind) is typing.Union
-    if optional:
-        if value is None:
-            return None
-        (kind,) = [choice for choice in typing.get_args(kind) if choice is not type(None)]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+def json_fits(value, kind):
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int)."""
+    origin, options = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return isinstance(value, str) and value in options
+    if origin is typing.Union:
+        return any(json_fits(value, option) for option in options)
+    return type(value) in ((int, float) if kind is float else (kind,))
+
+
+def type_words(kind):
+    """An Args field's type as json_fits reads it, in words."""
     if typing.get_origin(kind) is Literal:
-        ok = isinstance(value, str) and value in typing.get_args(kind)
-        expected = "one of " + ", ".join(json.dumps(choice) for choice in typing.get_args(kind))
-    elif kind is bool:
-        ok, expected = isinstance(value, bool), "true or false"
-    elif kind is int:
-        ok, expected = number and isinstance(value, int), "an int"
-    elif kind is float:
-        ok, expected = number, "a number"
-    else:
-        ok, expected = isinstance(value, str), "a string"
-    return None if ok else expected + (" or null" if optional else "")
+        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    if typing.get_origin(kind) is typing.Union:
+        return " or ".join(map(type_words, typing.get_args(kind)))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
 
 
 def stored(name: str, value):
@@ -1693,7 +1685,7 @@ HELD_LOCK = {"fd": None}
 
 def claim_run_folder(args: Args, run_name: str) -> Claim:
     """Make and lock the main process's run folder, then check it again under the lock: another process may have
-    started in it since validate. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
+    started in it since check_args. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
     try:
         if args.run_dir is None:
             run_dir, created = claim_default_folder(run_name), True
@@ -1703,14 +1695,15 @@ def claim_run_folder(args: Args, run_name: str) -> Claim:
             os.makedirs(run_dir, exist_ok=True)
             holder = lock_folder(run_dir)
             if holder:
-                fail(f"{run_dir} is in use by another process ({holder})")
+                fail(f"{run_dir} is in use by {holder}")
         claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
     except OSError as error:
         fail(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
-    problem = folder_problem(args, run_dir)
-    if problem:
+    try:
+        check_folder(args, run_dir)
+    except ValueError as error:
         roll_back(claim)
-        fail(problem)
+        fail(str(error))
     if args.resume:
         claim.run_id = read_run(run_dir)["run_id"]
     return claim
@@ -1743,15 +1736,15 @@ def lock_folder(run_dir: str) -> Optional[str]:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EAGAIN):
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "it wrote nothing yet"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
             os.close(fd)
             return holder
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             os.close(fd)
             raise
-        print(f"warning: {run_dir}: the file system does not lock files; no other process may use it", file=sys.stderr)
+        print(f"warning: {run_dir} cannot be locked ({error.strerror}): make sure no other process uses it", flush=True)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     HELD_LOCK["fd"] = fd
     return None
 
@@ -1873,7 +1866,7 @@ def snapshot(model) -> dict:
 
 def restore(run: Run):
     """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the last
-    checkpoint (checked by validate and again under the claim). A run that stopped before its first checkpoint starts
+    checkpoint (checked by check_args and again under the claim). A run that stopped before its first checkpoint starts
     again from the beginning, same arguments. A checkpoint of another model stops here, before anything is written."""
     args = run.args
     path = resume_checkpoint(run.run_dir) if args.resume else None
@@ -2083,12 +2076,20 @@ def sum_gradients(run: Run):
         handle.wait()
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; the run stops, saves what was asked and exits 128 + signal."""
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
+    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
+    received = []
 
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
 
-def on_signal(signum, frame):
-    raise Interrupted(signum)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
 
 
 def write_checkpoint(run: Run, iteration: int):
@@ -2216,9 +2217,10 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
 
 def train(args: Args) -> dict:
     """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
-    error = validate(args)
-    if error:
-        fail(error)
+    try:
+        check_args(args)
+    except ValueError as error:
+        fail(str(error))
     run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
     claim = claim_run_folder(args, run_name) if main_rank() else None
     try:  # a start that fails (bad data, a model that does not load, no wandb login, a full disk) undoes its claim

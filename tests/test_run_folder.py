@@ -145,7 +145,8 @@ def test_a_folder_from_an_earlier_version_is_kept(script, finished, tmp_path, ca
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_start_stopped_before_it_wrote_its_arguments(script, tmp_path, capsys):
     """What a start killed at any moment leaves: only run.lock and *.tmp (taken as empty), or run.json without
-    args.json (refused as a run to continue, replaced by --overwrite)."""
+    args.json (a run that never started: refused as a run to continue, started again by --auto-resume, which a
+    requeued job runs, and replaced by --overwrite)."""
     module = import_script(script)
     run = tmp_path / "run"
     run.mkdir()
@@ -156,10 +157,20 @@ def test_a_start_stopped_before_it_wrote_its_arguments(script, tmp_path, capsys)
     message = refused(module, [*TINY, "--run-dir", run], capsys)
     assert message == f"{run} already holds a run: --resume continues it, --overwrite replaces it"
     message = refused(module, ["--resume", "--run-dir", run], capsys)
-    assert message == f"{run}/args.json is missing (the run stopped before writing it): --overwrite starts it afresh"
+    assert message == f"{run}/args.json is missing: the run never started; --auto-resume or --overwrite starts it afresh"
+    args = module.parse_args([*TINY, "--run-dir", str(run), "--auto-resume"])
+    assert not args.resume and args.auto_resume
+    run_script(script, *TINY, "--run-dir", run, "--auto-resume")
+    assert json.loads((run / "summary.json").read_text())["interrupted"] is False
+    assert json.loads((run / "run.json").read_text())["run_id"] != "x" and (run / "args.json").exists()
+    assert not list(run.glob("*.tmp"))
+    # A folder where the run wrote more (here its TensorBoard events) has started: without args.json it is refused.
+    (run / "args.json").unlink()
+    (run / "summary.json").unlink()
+    message = refused(module, [*TINY, "--run-dir", run, "--auto-resume"], capsys)
+    assert message == f"{run}/args.json is missing: --overwrite starts it afresh"
     run_script(script, *TINY, "--run-dir", run, "--overwrite")
     assert json.loads((run / "summary.json").read_text())["interrupted"] is False
-    assert not list(run.glob("*.tmp"))
 
 
 # ---------------------------------------------------------------- one process per folder
