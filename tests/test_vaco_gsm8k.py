@@ -203,11 +203,13 @@ def test_grader_against_the_fields_graders():
     disagree = {
         who: {name: sum(a != b for a, b in zip(graders[who], grades)) for name, grades in graders.items() if name != who}
         | {"battery": sum(a != b for a, b in zip(graders[who], battery))}
-        for who in ("ours", "math-verify")
+        for who in graders
     }
     assert disagree == {
         "ours": {"math-verify": 9, "strict": 30, "flexible": 9, "battery": 0},
         "math-verify": {"ours": 9, "strict": 25, "flexible": 14, "battery": 9},
+        "strict": {"ours": 30, "math-verify": 25, "flexible": 27, "battery": 30},
+        "flexible": {"ours": 9, "math-verify": 14, "strict": 27, "battery": 9},
     }
     # Where the field's grader is right by the battery, who disagrees with it.
     for name, counts in (("strict", (24, 0, 2)), ("flexible", (45, 0, 7))):
