@@ -1129,6 +1129,54 @@ def test_completions_logged_and_no_signal_said(tiny, tmp_path, capsys):
     assert PROBLEMS[0][0] in text or any(question in text for question, _ in PROBLEMS)
 
 
+def test_completions_table_in_wandb_matches_tensorboard(tiny, tmp_path):
+    """--track (wandb offline, nothing sent): the `completions` table wandb wrote, read back from the offline run's
+    files, holds the rows logged to TensorBoard's text `completions`, at the same steps, with their rewards and
+    advantages (a reward with variance, the digit fraction, so the advantages are not all 0)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    program = (
+        "import sys, vaco_gsm8k as V, tools.tiny_gsm8k as T; V.compute_reward = T.digit_fraction; V.train(V.parse_args())"
+    )
+    command = [sys.executable, "-c", program, "--model-id", tiny["llama"], "--data-file", tiny["data"], "--eval-every=0"]
+    command += ["--run-dir", str(tmp_path / "run"), "--num-iterations=3", "--prompts-per-step=2", "--num-generations=4"]
+    command += ["--micro-batch-size=8", "--max-new-tokens=8", "--torch-threads=1", "--track=True"]
+    command += ["--log-completions-every=2", "--num-completions-to-log=6"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (events,) = glob.glob(str(tmp_path / "run" / "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events, size_guidance={"tensors": 0})
+    accumulator.Reload()
+    logged = {}
+    for event in accumulator.Tensors("completions/text_summary"):
+        blocks = re.findall(
+            r"\*\*\d+\. reward (\S+), advantage (\S+)\*\*\n\nprompt:\n\n    (.*?)\n\ncompletion:\n\n    (.*?)(?=\n\n\*\*|$)",
+            event.tensor_proto.string_val[0].decode(),
+            re.S,
+        )
+        logged[event.step] = [
+            (prompt.replace("\n    ", "\n"), completion.replace("\n    ", "\n"), float(reward), float(advantage))
+            for reward, advantage, prompt, completion in blocks
+        ]
+    assert sorted(logged) == [1, 2] and all(len(rows) == 6 for rows in logged.values())  # iterations 1 and 2
+
+    (offline,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    tables = {}
+    for path in glob.glob(os.path.join(offline, "files", "media", "table", "completions_*.table.json")):
+        table = json.loads(Path(path).read_text())
+        assert table["columns"] == ["step", "prompt", "completion", "reward", "advantage"]
+        (step,) = {row[0] for row in table["data"]}
+        tables[step] = table["data"]
+    assert sorted(tables) == sorted(logged)
+    for step, rows in tables.items():
+        assert [(prompt, completion) for _, prompt, completion, _, _ in rows] == [row[:2] for row in logged[step]]
+        assert [reward for *_, reward, _ in rows] == pytest.approx([row[2] for row in logged[step]], abs=1e-6)
+        assert [advantage for *_, advantage in rows] == pytest.approx([row[3] for row in logged[step]], abs=5e-4)
+    assert any(advantage != 0 for rows in tables.values() for *_, advantage in rows)
+
+
 def test_prompt_and_data_fields_from_flags(tiny, tmp_path):
     data = tmp_path / "own.jsonl"
     data.write_text(json.dumps({"problem": "What is 2 + 3?", "solution": "2 + 3 = 5\n#### 5"}) + "\n")
