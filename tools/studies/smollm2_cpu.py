@@ -164,7 +164,8 @@ def run(args):
         os.path.getsize(path) for path in glob.glob(os.path.join(run_dir, "model", "*")) if os.path.isfile(path)
     )
     with open(os.path.join(args.work, "train.log")) as handle:
-        record["log_tail"] = handle.read().splitlines()[-40:]
+        tail = handle.read().splitlines()[-40:]
+    record["log_tail"] = [line.replace(args.work, "<work>").replace(args.out, "<out>") for line in tail]
     export_scalars(run_dir, args.out)
 
     rows = V.load_jsonl(heldout)
