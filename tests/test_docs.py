@@ -254,6 +254,7 @@ RESULT_PARTS = [
     ("docs/spo_mujoco.md", "## Results", None),
     ("docs/impala_mujoco.md", "## Results", None),
     ("docs/gsm8k.md", "## Forward lag on a model that learns", None),
+    ("docs/gsm8k.md", "## A real pretrained model on CPU", "## Stopping and resuming a GSM8k run"),
     ("docs/gsm8k_forward_lag.md", None, "## GPU check"),
 ]
 # A decimal number with 3 or 4 decimals (signed, the minus sign as − or -), not part of a longer token.
