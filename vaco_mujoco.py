@@ -35,9 +35,6 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.normal import Normal
 
-# Argument checks cost a measurable share of every acting step; our inputs are always valid.
-Normal.set_default_validate_args(False)
-
 
 @dataclass
 class Args:
@@ -93,8 +90,7 @@ class Args:
     lag_mode: Literal["uniform", "fixed"] = "uniform"
     """uniform: each actor draws a buffer entry uniformly per rollout; fixed (ours): every actor uses the oldest"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """vector env: EnvPool's C++ thread pool, or gymnasium's SyncVectorEnv (the reference: video, exact resume); auto:
-    EnvPool from 4 envs up (where it has the task and no video is asked for), gymnasium below (it is faster there)"""
+    """vector env (gymnasium's is the reference: video, exact resume); auto: EnvPool from 4 envs up, gymnasium below"""
     env_threads: int = 0
     """EnvPool worker threads (0: one per CPU core)"""
 
@@ -108,8 +104,7 @@ class Args:
     cuda: bool = False
     """if toggled, train on CUDA when it is available (the 64-64 MLPs are usually faster on CPU)"""
     torch_threads: int = 1
-    """torch CPU threads of the update (the rollout takes one); one per core pays at large minibatches on cores of
-    one's own (docs/throughput.md); results are bit-identical for the same seed and thread count"""
+    """torch CPU threads of the update (the rollout takes one); same seed and thread count, same bits (docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "vaco"
@@ -379,7 +374,6 @@ def main(args):
             )
             done = np.logical_or(terminated, truncated)
             episode_stats.step(reward, done)
-
             env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
             next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
@@ -446,8 +440,7 @@ def main(args):
                 entropy_loss = dist.entropy().sum(1).mean() if args.ent_coef else 0.0
                 loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
                 if not np.isfinite(loss.item()):
-                    where = f"iteration {iteration} (epoch {epoch + 1})"
-                    sys.exit(f"error: non-finite loss at {where}; stopping (nothing saved)")
+                    sys.exit(f"error: non-finite loss at iteration {iteration} (epoch {epoch + 1}); stopping (nothing saved)")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -528,6 +521,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 # mujoco 4 warns about HalfCheetah's deprecated `settotalmass` on every make (and writes MUJOCO_LOG.TXT).
 mujoco.set_mju_user_warning(lambda msg: None)
+# Argument checks cost a measurable share of every acting step (Agent's Normal); our inputs are always valid.
+Normal.set_default_validate_args(False)
 # The run's numeric flags (ALGORITHM_CHECKS has the algorithm's). Upper bounds are what the libraries take (C ints,
 # TensorBoard's int64 step) or where a count stops describing a run that ends, not what is useful.
 CHECKS = [
