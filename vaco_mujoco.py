@@ -118,7 +118,7 @@ class Args:
     eval_episodes: int = 10
     """episodes of deterministic evaluation (mean action, frozen statistics) after training; 0 disables it"""
     run_dir: Optional[str] = None
-    """where logs, args.json, summary.json and the model go (default: runs/{env_id}__{exp_name}__{seed}__{time})"""
+    """the run's folder (default: runs/{env_id}__{exp_name}__{seed}__{time}; run by a wandb agent: runs/sweep-{id}/{run id})"""
     resume: bool = False
     """continue the run in `--run-dir` from its checkpoint.pt, with its saved arguments"""
     overwrite: bool = False
@@ -870,7 +870,7 @@ def parse_args(argv=None) -> Args:
     """tyro CLI plus check_args; writes nothing. Bad input prints one `error:` line and exits with code 2."""
     argv = normalise_bool_flags(sys.argv[1:] if argv is None else argv)
     try:
-        args = tyro_cli(argv)
+        args = in_a_sweep(tyro_cli(argv))
         if args.resume and args.run_dir and not args.overwrite:
             # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
             read_run_record(args.run_dir)
@@ -908,6 +908,15 @@ def resume_if_same_run(args):
         listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
         raise ValueError(f"{args.run_dir} holds another run ({listed}): choose another --run-dir")
     return dataclasses.replace(args, resume=True)
+
+
+def in_a_sweep(args):
+    """Started by a wandb sweep's agent without --run-dir: the folder runs/sweep-<sweep id>/<run id>, with --auto-resume,
+    so that the agent's rerun of a preempted run (same WANDB_RUN_ID, same arguments) continues it, not starts over."""
+    sweep_id, run_id = os.environ.get("WANDB_SWEEP_ID", ""), os.environ.get("WANDB_RUN_ID", "")
+    if args.run_dir or args.resume or args.overwrite or not re.fullmatch(r"\w+ \w+", f"{sweep_id} {run_id}"):
+        return args
+    return dataclasses.replace(args, run_dir=f"runs/sweep-{sweep_id}/{run_id}", auto_resume=True)
 
 
 def refuse(message):

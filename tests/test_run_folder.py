@@ -173,6 +173,33 @@ def test_a_start_stopped_before_it_wrote_its_arguments(script, tmp_path, capsys)
     assert json.loads((run / "summary.json").read_text())["interrupted"] is False
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_sweep_agents_rerun_continues_the_run(script, tmp_path, capsys):
+    """Under a wandb sweep's agent (WANDB_SWEEP_ID, WANDB_RUN_ID) without --run-dir, the run's folder is named by the
+    agent's run and --auto-resume is on: the agent's rerun of a preempted run continues it."""
+    module = import_script(script)
+    sweep = {"WANDB_SWEEP_ID": "sw1", "WANDB_RUN_ID": "r1"}
+    run_in(tmp_path, script, *TINY, "--checkpoint-every", "1", env=sweep).check_returncode()
+    run = tmp_path / "runs" / "sweep-sw1" / "r1"
+    assert os.listdir(tmp_path / "runs") == ["sweep-sw1"] and os.listdir(run.parent) == ["r1"]
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    (run / "summary.json").unlink()  # as if preempted after its last checkpoint
+    rerun = run_in(tmp_path, script, *TINY, "--checkpoint-every", "1", env=sweep)
+    assert rerun.returncode == 0, rerun.stderr  # a start in a folder that holds a run would be refused
+    assert json.loads((run / "run.json").read_text())["run_id"] == run_id and (run / "summary.json").exists()
+    assert os.listdir(tmp_path / "runs") == ["sweep-sw1"] and os.listdir(run.parent) == ["r1"]
+    # Another run of the sweep, another folder; without the agent's ids, or with --run-dir, nothing changes.
+    os.environ.update(WANDB_SWEEP_ID="sw1", WANDB_RUN_ID="r2")
+    try:
+        assert module.parse_args([*TINY]).run_dir == "runs/sweep-sw1/r2"
+        assert module.parse_args([*TINY, "--run-dir", str(tmp_path / "x")]).run_dir == str(tmp_path / "x")
+        os.environ["WANDB_RUN_ID"] = "../r2"
+        assert module.parse_args([*TINY]).run_dir is None
+    finally:
+        del os.environ["WANDB_SWEEP_ID"], os.environ["WANDB_RUN_ID"]
+    assert module.parse_args([*TINY]).run_dir is None
+
+
 # ---------------------------------------------------------------- one process per folder
 
 
