@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tools.grid.aggregate import welch_interval
+from tools.grid.aggregate import welch_contrast_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_welch_interval_matches_scipy_per_task_and_pooled():
     rng = np.random.default_rng(0)
     x, y = rng.normal(0.5, 0.2, (10, 2)), rng.normal(0.3, 0.1, (7, 2))  # runs x tasks
-    lo, hi = welch_interval([x, y], np.array([1.0, -1.0]))
+    lo, hi = welch_contrast_interval([x, y], np.array([1.0, -1.0]))
     for t in range(2):
         ci = stats.ttest_ind(x[:, t], y[:, t], equal_var=False).confidence_interval()
         assert np.allclose([lo[t], hi[t]], [ci.low, ci.high])

@@ -159,6 +159,20 @@ def t_interval(values, confidence=0.95) -> tuple[float, float, int]:
     return float(v.mean()), float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))), len(v)
 
 
+def welch_interval(a, b, confidence=0.95):
+    """(mean(a) - mean(b), lower, upper): Welch's t interval of the difference of two samples' means."""
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    d = float(a.mean() - b.mean())
+    if va + vb == 0:
+        return d, d, d
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, dof) * np.sqrt(va + vb))
+    return d, d - half, d + half
+
+
 def bootstrap(score_dict, func, reps, seed):
     """rliable's stratified bootstrap (percentile intervals, 95%): {key: point}, {key: (2, ...) low/high}. An array
     value is resampled as one (runs x tasks [x points]) matrix, a list value as independent matrices. rliable draws
@@ -220,7 +234,7 @@ def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
 
     point, ci = bootstrap({name: mats}, stat, reps, seed)
     runs = min(x.shape[0] for x in mats)
-    t_lo, t_hi = welch_interval(mats, signs)
+    t_lo, t_hi = welch_contrast_interval(mats, signs)
     return [
         {"measure": name, **(extra or {}), "task": t, "estimate": point[name][i], "ci_low": ci[name][0, i],
          "ci_high": ci[name][1, i], "t_low": t_lo[i], "t_high": t_hi[i], "min_runs_per_cell": runs}
@@ -228,7 +242,7 @@ def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
     ]  # fmt: skip
 
 
-def welch_interval(mats, signs, confidence=0.95):
+def welch_contrast_interval(mats, signs, confidence=0.95):
     """The Welch t interval of sum(sign x cell mean) per task and pooled (the mean over tasks): variance
     sum(s^2 / n) over the (cell, task) samples, degrees of freedom by Welch-Satterthwaite. Given beside the
     percentile bootstrap, which undercovers at 5-10 runs per cell, where a reading rests on one end of an interval."""

@@ -73,20 +73,6 @@ def t_bounds(values, confidence=0.95):
     return mean, mean - half, mean + half, n
 
 
-def welch_interval(a, b, confidence=0.95):
-    """(mean(a) - mean(b), lower, upper): Welch's t interval of the difference of means."""
-    from scipy import stats
-
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    d = float(a.mean() - b.mean())
-    if va + vb == 0:
-        return d, d, d
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, dof) * math.sqrt(va + vb))
-    return d, d - half, d + half
-
-
 def overlap(lo1, hi1, lo2, hi2) -> bool:
     return bool(lo1 <= hi2 and lo2 <= hi1)
 
@@ -417,6 +403,8 @@ def evaluate_all(opts, log=print) -> list[dict]:
 
 def eval_table(rows) -> list[dict]:
     """Per policy: each backend's mean return with a t interval, the difference with a Welch interval."""
+    from tools.grid.aggregate import welch_interval
+
     by = {}
     for r in rows:
         by.setdefault((r["trained_on"], int(r["seed"])), {}).setdefault(r["evaluated_on"], []).append(float(r["return"]))

@@ -23,7 +23,6 @@ import csv
 import glob
 import importlib.util
 import json
-import math
 import os
 import random
 import resource
@@ -205,33 +204,10 @@ def read_metrics(out: str) -> dict:
     return metrics
 
 
-def paired_interval(before: list[int], after: list[int]) -> tuple[float, float, float]:
-    """The mean paired difference after - before over the same problems and its 95% Student-t interval."""
-    from scipy import stats
-
-    differences = [b - a for a, b in zip(before, after)]
-    n = len(differences)
-    mean = sum(differences) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def welch_interval(first: list[float], last: list[float]) -> tuple[float, float, float]:
-    """mean(last) - mean(first) and its 95% Welch t-interval."""
-    from scipy import stats
-
-    means = [sum(v) / len(v) for v in (first, last)]
-    variances = [sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v) for v, m in zip((first, last), means)]
-    se = math.sqrt(sum(variances))
-    df = se**4 / sum(v**2 / (len(x) - 1) for v, x in zip(variances, (first, last)))
-    half = stats.t.ppf(0.975, df) * se
-    return means[1] - means[0], means[1] - means[0] - half, means[1] - means[0] + half
-
-
 def summarize(args):
     """summary.md from record.json, metrics.csv, eval.csv, completions.json and load.csv."""
     import vaco_gsm8k as V
+    from tools.grid.aggregate import t_interval, welch_interval
 
     out = args.out
     with open(os.path.join(out, "record.json")) as handle:
@@ -248,7 +224,8 @@ def summarize(args):
     part = lambda tag: sum(metrics[tag].values()) / len(metrics[tag])  # noqa: E731
     base = [int(row["base_correct"]) for row in rows]
     trained = [int(row["trained_correct"]) for row in rows]
-    difference, low, high = paired_interval(base, trained)
+    difference, half, _ = t_interval([after - before for before, after in zip(base, trained)])
+    low, high = difference - half, difference + half
     shown = "not shown (the interval includes 0)" if low <= 0 <= high else ("a gain" if low > 0 else "a loss")
     formatted = {
         name: sum(V.extract_answer(row[f"{name}_completion"]) is not None for row in rows) / len(rows)
@@ -256,7 +233,7 @@ def summarize(args):
     }
     half = len(rewards) // 2
     first, last = rewards[:half], rewards[len(rewards) - half :]
-    change, change_low, change_high = welch_interval(first, last)
+    change, change_low, change_high = welch_interval(last, first)
     reward_shown = "not shown (the interval includes 0)" if change_low <= 0 <= change_high else "shown"
     lines = [
         "# SmolLM2-135M-Instruct on one-line sums, on a CPU",
