@@ -119,17 +119,9 @@ class Args:
     checkpoint_every: int = 5
     """write `<run-dir>/checkpoint.pt` every N iterations (default shape: every ~15 min) and on SIGINT/SIGTERM"""
 
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def num_iterations(self) -> int:
-        return self.total_timesteps // self.batch_size
+    batch_size = property(lambda self: self.num_envs * self.num_steps)
+    minibatch_size = property(lambda self: self.batch_size // self.num_minibatches)
+    num_iterations = property(lambda self: self.total_timesteps // self.batch_size)
 
 
 # The algorithm's flags by meaning: (flags, rule, what the rule says); NaN fails every rule. check_args adds CHECKS.
@@ -291,13 +283,44 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
 
 
+def collect_rollout(envs, actor_groups, next_obs, episode_stats, num_steps):
+    """num_steps vector steps from `next_obs`, each actor acting with the policy it drew. Returns the next rollout's
+    first observation and this rollout: observations, actions, log beta(a|s) (torch), and what the envs returned
+    (numpy, moved to torch by main): next_obs[t] is s'_t, the observation after step t (the true final one at an
+    episode end), rewards, terminations, dones."""
+    space, device, shape = envs.single_action_space, next_obs.device, (num_steps, *next_obs.shape)
+    obs, env_next_obs = torch.zeros(shape, device=device), np.zeros(shape, dtype=np.float32)
+    actions, action_means = torch.zeros((2, *shape[:2], *space.shape), device=device)
+    env_rewards, env_terminations, env_dones = np.zeros((3, *shape[:2]), dtype=np.float32)
+    torch.set_num_threads(1)  # the policy acts on num_envs rows per step, too few to share: the cores go to the envs
+    for step in range(num_steps):
+        obs[step] = next_obs
+        # ALGO LOGIC: action logic, with the policy each actor drew.
+        with torch.inference_mode():
+            for actor, env_idx in actor_groups:
+                action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
+        # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
+        next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
+            np.clip(actions[step].cpu().numpy(), space.low, space.high)
+        )
+        done = np.logical_or(terminated, truncated)
+        episode_stats.step(reward, done)
+        env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
+        next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+    # log beta(a|s) of each actor's policy: once per rollout, the same arithmetic as per step.
+    logprobs = torch.zeros(shape[:2], device=device)
+    for actor, env_idx in actor_groups:
+        dist = Normal(action_means[:, env_idx], actor.actor_logstd.exp())
+        logprobs[:, env_idx] = dist.log_prob(actions[:, env_idx]).sum(-1)
+    return next_obs, (obs, actions, logprobs, env_next_obs, env_rewards, env_terminations, env_dones)
+
+
 def main(args):
     """The training loop: simulated asynchrony (the policy buffer), the rollout, the update of the method, the
     logs and checkpoints. Everything it calls that is not the algorithm is in the plumbing below."""
     run_dir, checkpoint, stop, writer, rng, device = start_run(args)
     envs = make_envs(args, run_dir)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
     # The fused kernel does the same Adam step in one pass: about 20% of a small minibatch update on CPU.
@@ -306,15 +329,6 @@ def main(args):
     policy_buffer = deque(maxlen=args.lag + 1)
     # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
     return_rms = RunningMeanStd().to(device)
-
-    # ALGO Logic: Storage setup. next_obs[t] is s'_t: the observation after step t, the true final one at an episode end.
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    action_means = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # What the envs return is collected in numpy and goes to torch once per rollout.
-    env_next_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-    env_rewards, env_terminations, env_dones = np.zeros((3, args.num_steps, args.num_envs), dtype=np.float32)
 
     learner = Learner(agent, optimizer, policy_buffer, return_rms, rng)
     progress, next_obs, discounted_return, episode_stats = restore(args, checkpoint, envs, device, learner)
@@ -341,35 +355,16 @@ def main(args):
             actor_groups = [(actor_groups[0][0], slice(None))]
 
         rollout_start = time.time()
-        # The policy acts on num_envs rows per step, too few to share: one torch thread leaves the cores to the envs.
-        torch.set_num_threads(1)
-        for step in range(0, args.num_steps):
-            progress.global_step += args.num_envs
-            obs[step] = next_obs
-
-            # ALGO LOGIC: action logic, with the policy each actor drew (its log-probs follow after the rollout).
-            with torch.inference_mode():
-                for actor, env_idx in actor_groups:
-                    action_means[step, env_idx], actions[step, env_idx] = actor.get_action(next_obs[env_idx])
-
-            # TRY NOT TO MODIFY: execute the game; the env gets the clipped action, the buffer keeps the sample.
-            next_obs_np, reward, terminated, truncated, env_next_obs[step] = envs.step(
-                np.clip(actions[step].cpu().numpy(), action_low, action_high)
-            )
-            done = np.logical_or(terminated, truncated)
-            episode_stats.step(reward, done)
-            env_rewards[step], env_terminations[step], env_dones[step] = reward, terminated, done
-            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-
-        # log beta(a|s) of each actor's policy, and reward scaling: once per rollout, same arithmetic as per step.
-        for actor, env_idx in actor_groups:
-            dist = Normal(action_means[:, env_idx], actor.actor_logstd.exp())
-            logprobs[:, env_idx] = dist.log_prob(actions[:, env_idx]).sum(-1)
+        next_obs, rollout = collect_rollout(envs, actor_groups, next_obs, episode_stats, args.num_steps)
+        obs, actions, logprobs, env_next_obs, env_rewards, env_terminations, env_dones = rollout
+        progress.global_step += args.batch_size
+        episodes = episode_stats.take_finished()  # this rollout's, for its log
         rewards, discounted_return = scale_rewards(env_rewards, env_dones, discounted_return, return_rms, args.gamma)
         rewards, next_obs_buf, terminations, dones = (
             torch.as_tensor(x, device=device) for x in (rewards, env_next_obs, env_terminations, env_dones)
         )
         progress.rollout_seconds += time.time() - rollout_start
+
         update_start = time.time()
         torch.set_num_threads(args.torch_threads)  # the update's large batches are what more threads pay for
 
@@ -469,7 +464,7 @@ def main(args):
             "lag/backward_tv": backward_tv,
             "lag/final_tv": progress.final_tv,
         }
-        log_iteration(writer, args, progress, episode_stats, scalars)
+        log_iteration(writer, args, progress, episodes, scalars)
         if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats)
         if stop:
@@ -1230,7 +1225,7 @@ def stop_on_signals():
 
 
 class EpisodeStats:
-    """Return and length of each env's episode in progress, and of those finished since the last log_iteration."""
+    """Return and length of each env's episode in progress, and of those finished since the last take_finished."""
 
     def __init__(self, num_envs):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
@@ -1244,6 +1239,12 @@ class EpisodeStats:
             self.finished_lengths.extend(self.lengths[done])
             self.returns[done] = 0.0
             self.lengths[done] = 0
+
+    def take_finished(self):
+        """The returns and lengths of the episodes finished since the last call."""
+        finished = self.finished_returns, self.finished_lengths
+        self.finished_returns, self.finished_lengths = [], []
+        return finished
 
 
 def save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats):
@@ -1306,21 +1307,20 @@ def restore(args, checkpoint, envs, device, learner):
     return Progress(**checkpoint["progress"]), next_obs, discounted_return, episode_stats
 
 
-def log_iteration(writer, args, progress, episode_stats, scalars):
+def log_iteration(writer, args, progress, episodes, scalars):
     """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
-    step, finished_returns = progress.global_step, episode_stats.finished_returns
+    step, (finished_returns, finished_lengths) = progress.global_step, episodes
     sps = int(step / progress.seconds())
     with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
         if finished_returns:
             progress.return_history.append((step, float(np.mean(finished_returns))))
             writer.add_scalar("charts/episodic_return", np.mean(finished_returns), step)
-            writer.add_scalar("charts/episodic_length", np.mean(episode_stats.finished_lengths), step)
+            writer.add_scalar("charts/episodic_length", np.mean(finished_lengths), step)
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, step)
         writer.add_scalar("perf/rollout_seconds", progress.rollout_seconds, step)
         writer.add_scalar("perf/update_seconds", progress.update_seconds, step)
         writer.add_scalar("charts/SPS", sps, step)
-    episode_stats.finished_returns, episode_stats.finished_lengths = [], []
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
     # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
