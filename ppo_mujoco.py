@@ -74,6 +74,8 @@ class Args:
     """the largest policy staleness, in updates: the buffer keeps the lag+1 most recent policies (0: on-policy)"""
     lag_mode: Literal["uniform", "fixed"] = "uniform"
     """uniform: each actor draws a buffer entry uniformly per rollout; fixed (ours): every actor uses the oldest"""
+    overlap: bool = False
+    """run the next rollout during the update, in a second thread, with the same results (docs/throughput.md#overlap)"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
     """vector env (gymnasium's is the reference: video, exact resume); auto: EnvPool from 4 envs up, gymnasium below"""
     env_threads: int = 0
@@ -258,10 +260,10 @@ def value_loss(newvalue, oldvalue, returns, clip_coef=None):
 
 
 def collect_rollout(envs, actor_groups, next_obs, episode_stats, num_steps):
-    """num_steps vector steps from `next_obs`, each actor acting with the policy it drew. Returns the next rollout's
-    first observation and this rollout: observations, actions, log beta(a|s) (torch), and what the envs returned
-    (numpy, moved to torch by main): next_obs[t] is s'_t, the observation after step t (the true final one at an
-    episode end), rewards, terminations, dones."""
+    """num_steps vector steps from `next_obs`, each actor acting with the policy it drew (--overlap runs it during an
+    update: Rollouts). Returns the next rollout's first observation and this rollout: observations, actions, log beta(a|s)
+    (torch), and what the envs returned (numpy, moved to torch by main): next_obs[t] is s'_t, the observation after step
+    t (the true final one at an episode end), rewards, terminations, dones."""
     space, device, shape = envs.single_action_space, next_obs.device, (num_steps, *next_obs.shape)
     obs, env_next_obs = torch.zeros(shape, device=device), np.zeros(shape, dtype=np.float32)
     actions, action_means = torch.zeros((2, *shape[:2], *space.shape), device=device)
@@ -303,6 +305,7 @@ def main(args):
     policy_buffer = deque(maxlen=args.lag + 1)
     # Reward scaling (CleanRL's NormalizeReward, vectorised): divide by the std of the discounted return.
     return_rms = RunningMeanStd().to(device)
+    rollouts = Rollouts(args)  # with --overlap, the next rollout runs during the update where the lag allows it exactly
 
     learner = Learner(agent, optimizer, policy_buffer, return_rms, rng)
     progress, next_obs, discounted_return, episode_stats = restore(args, checkpoint, envs, device, learner)
@@ -329,7 +332,7 @@ def main(args):
             actor_groups = [(actor_groups[0][0], slice(None))]
 
         rollout_start = time.time()
-        next_obs, rollout = collect_rollout(envs, actor_groups, next_obs, episode_stats, args.num_steps)
+        next_obs, rollout = rollouts.collect(envs, actor_groups, next_obs, episode_stats)
         obs, actions, logprobs, env_next_obs, env_rewards, env_terminations, env_dones = rollout
         progress.global_step += args.batch_size
         episodes = episode_stats.take_finished()  # this rollout's, for its log
@@ -339,6 +342,7 @@ def main(args):
         )
         progress.rollout_seconds += time.time() - rollout_start
 
+        rollouts.start_next(iteration, stop, policy_buffer, envs, next_obs, episode_stats)  # --overlap only
         update_start = time.time()
         torch.set_num_threads(args.torch_threads)  # the update's large batches are what more threads pay for
 
@@ -429,10 +433,11 @@ def main(args):
             "lag/final_tv": progress.final_tv,
         }
         log_iteration(writer, args, progress, episodes, scalars)
-        if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+        # A checkpoint holds the envs as this iteration left them: not while the next rollout runs (Rollouts).
+        if not rollouts.next_started and (stop or checkpoint_due(args, iteration)):
             save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats)
-        if stop:
-            break
+            if stop:
+                break
 
     finish(args, run_dir, writer, envs, agent, progress, stop)
 
@@ -443,6 +448,7 @@ def main(args):
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
@@ -482,7 +488,7 @@ CHECKS = [
 # What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
 # EnvPool's results do not depend on its thread count, torch's change slightly with theirs.
 RESUME_MAY_CHANGE = {"resume", "overwrite", "auto_resume", "checkpoint_every", "save_model", "eval_episodes", "track"}
-RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir"}
+RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir", "overlap"}
 # --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
 # SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
 ENVPOOL_FROM_NUM_ENVS = 4
@@ -581,6 +587,8 @@ def check_args(args: Args) -> None:
         raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.capture_video and args.env_backend == "envpool":
         raise ValueError("--capture-video needs --env-backend gymnasium")
+    if args.overlap and (args.lag_mode != "fixed" or args.lag < 1 or args.torch_threads != 1):
+        raise ValueError("--overlap needs --lag-mode fixed and --lag >= 1 (the next policy known early), --torch-threads 1")
     action_space, observation_space = env_spaces(args.env_id, args.env_backend)
     if not isinstance(action_space, gym.spaces.Box):
         kind = type(action_space).__name__
@@ -1269,6 +1277,39 @@ def restore(args, checkpoint, envs, device, learner):
         next_obs = next_obs.to(device)
         discounted_return, episode_stats.returns, episode_stats.lengths = (x.numpy() for x in saved)
     return Progress(**checkpoint["progress"]), next_obs, discounted_return, episode_stats
+
+
+def checkpoint_due(args, iteration):
+    return args.checkpoint_every and iteration % args.checkpoint_every == 0
+
+
+class Rollouts:
+    """Where main's rollouts run. With --overlap (--lag-mode fixed, --lag K >= 1), the next rollout's policy, the oldest
+    entry of the buffer after the next append, is known before the update starts: that rollout then runs during the
+    update, in a second thread, with the same arithmetic (the update draws no random numbers; the rollout's envs,
+    action noise and episode counts are its own). It does not start into an iteration that ends in a checkpoint or
+    the run, which hold the envs as they were, nor after a signal; a signal during an overlapped update stops the run
+    one iteration later (docs/throughput.md)."""
+
+    def __init__(self, args):
+        self.args, self.pool, self.next = args, concurrent.futures.ThreadPoolExecutor(1), None
+
+    @property
+    def next_started(self):
+        return self.next is not None
+
+    def collect(self, envs, actor_groups, next_obs, episode_stats):
+        """This iteration's rollout: the one that ran during the last update, or one collected now."""
+        if self.next is None:
+            return collect_rollout(envs, actor_groups, next_obs, episode_stats, self.args.num_steps)
+        started, self.next = self.next, None
+        return started.result()
+
+    def start_next(self, iteration, stop, policy_buffer, envs, next_obs, episode_stats):
+        args = self.args
+        if args.overlap and not (stop or checkpoint_due(args, iteration)) and iteration < args.num_iterations:
+            actors = [(policy_buffer[len(policy_buffer) == policy_buffer.maxlen], slice(None))]  # oldest after append
+            self.next = self.pool.submit(collect_rollout, envs, actors, next_obs, episode_stats, args.num_steps)
 
 
 def log_iteration(writer, args, progress, episodes, scalars):

@@ -3,13 +3,16 @@
 Every test here runs for each script that exists, so a common part that drifts in one script fails."""
 
 import ast
+import concurrent.futures
 import dataclasses
+import inspect
 import json
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -56,6 +59,7 @@ SCRIPT_KEYS = {
 
 
 # (argv, the error line's expected text, the scripts it applies to: None for all)
+OVERLAP_NEEDS = "--overlap needs --lag-mode fixed and --lag >= 1 (the next policy known early), --torch-threads 1"
 BAD_INPUT = [
     (["--lag", "-1"], "--lag must be in [0, 2**31), got -1", None),
     (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide into 4 minibatches", None),
@@ -99,6 +103,9 @@ BAD_INPUT = [
     (["--env-id", "Ant-v3"], "the evaluation runs on gymnasium: Ant-v3 cannot be built: ImportError", None),
     (["--resume"], "--resume needs --run-dir: the run's folder (printed at its start as `run folder: ...`)", None),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be in [0, 2**31), got -1", None),
+    (["--overlap", "--lag", "2"], OVERLAP_NEEDS, None),
+    (["--overlap", "--lag-mode", "fixed"], OVERLAP_NEEDS, None),
+    (["--overlap", "--lag-mode", "fixed", "--lag", "1", "--torch-threads", "2"], OVERLAP_NEEDS, None),
     (["--tv-threshold", "-1"], "--tv-threshold must be a positive number, got -1.0", {"vaco_mujoco"}),
     (["--tv-threshold", "0"], "--tv-threshold must be a positive number, got 0.0", {"vaco_mujoco"}),
     (["--tv-threshold", "inf"], "--tv-threshold must be a positive number, got inf", {"vaco_mujoco"}),
@@ -412,6 +419,81 @@ def test_stopped_and_resumed_run_is_bit_identical(script, tmp_path):
         assert torch.equal(models[0][key], models[1][key]), key
     assert json.loads((tmp_path / "parts" / "summary.json").read_text())["interrupted"] is False
     assert not list((tmp_path / "parts").glob("*.tmp"))  # checkpoints are written to a temporary file, then renamed
+
+
+OVERLAP_RUN = [*TINY, "--total-timesteps", "1536", "--lag", "2", "--lag-mode", "fixed", "--save-model", "--eval-episodes", "1"]
+TIMING = {"charts/SPS", "perf/rollout_seconds", "perf/update_seconds"}
+
+
+def record_rollouts_started_early(monkeypatch, then=None):
+    """Make the thread pool record the iteration at which each early rollout starts, and that it runs in another
+    thread; `then(count)` runs after each start, in the main thread."""
+    started, submitted, submit = [], [], concurrent.futures.ThreadPoolExecutor.submit
+
+    def recording_submit(pool, fn, *args):
+        iteration = inspect.currentframe().f_back.f_locals["iteration"]  # Rollouts.start_next's argument
+
+        def in_the_thread(*args):
+            started.append((iteration, fn.__name__, threading.current_thread() is not threading.main_thread()))
+            return fn(*args)
+
+        future = submit(pool, in_the_thread, *args)
+        submitted.append(iteration)
+        if then:
+            then(len(submitted))
+        return future
+
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", recording_submit)
+    return started
+
+
+def assert_same_run(a, b, script):
+    """Everything two runs logged and saved is equal, timing aside."""
+    sa, sb = read_scalars(a), read_scalars(b)
+    assert set(sa) == set(sb)
+    for tag in set(sa) - TIMING:
+        assert sa[tag] == sb[tag], tag
+    models = [torch.load(d / f"{script}.cleanrl_model", weights_only=True)["agent"] for d in (a, b)]
+    for key in models[0]:
+        assert torch.equal(models[0][key], models[1][key]), key
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_overlap_runs_the_next_rollout_during_the_update_with_the_same_results(script, tmp_path, monkeypatch):
+    """6 iterations, a checkpoint every 3: the rollouts of iterations 2, 3, 5, 6 start during the update before them,
+    in the pool's thread; the one after a checkpoint (4) and the first do not. Logs, model, checkpoint: the same bits."""
+    run_in_process(script, *OVERLAP_RUN, "--checkpoint-every", "3", "--run-dir", tmp_path / "sequential")
+    started = record_rollouts_started_early(monkeypatch)
+    run_in_process(script, *OVERLAP_RUN, "--checkpoint-every", "3", "--overlap", "--run-dir", tmp_path / "overlap")
+    assert started == [(i, "collect_rollout", True) for i in (1, 2, 4, 5)]
+    assert_same_run(tmp_path / "sequential", tmp_path / "overlap", script)
+    a, b = (read_checkpoint_file(tmp_path / d / "checkpoint.pt") for d in ("sequential", "overlap"))
+    assert a.keys() == b.keys() and a["progress"]["iteration"] == 6
+    for key in a.keys() - {"progress"}:
+        assert repr(a[key]) == repr(b[key]), key
+    assert {k: v for k, v in a["progress"].items() if "seconds" not in k and k != "elapsed"} == {
+        k: v for k, v in b["progress"].items() if "seconds" not in k and k != "elapsed"
+    }
+
+
+def test_a_signal_during_an_overlapped_update_stops_one_iteration_later(tmp_path, monkeypatch):
+    """SIGTERM while iteration 2's update runs beside iteration 3's rollout: iteration 3 ends the run with its
+    checkpoint (iteration 2 cannot have one: the envs are ahead of it); resumed, the run is the uninterrupted one."""
+    run_script("ppo_mujoco", *OVERLAP_RUN, "--run-dir", tmp_path / "whole")
+
+    def signal_at_the_second(count):
+        if count == 2:
+            signal.raise_signal(signal.SIGTERM)
+
+    started = record_rollouts_started_early(monkeypatch, then=signal_at_the_second)
+    with pytest.raises(SystemExit) as exc:
+        run_in_process("ppo_mujoco", *OVERLAP_RUN, "--overlap", "--run-dir", tmp_path / "parts")
+    assert exc.value.code == 143 and [i for i, _, _ in started] == [1, 2]
+    assert read_checkpoint_file(tmp_path / "parts" / "checkpoint.pt")["progress"]["iteration"] == 3
+    assert json.loads((tmp_path / "parts" / "summary.json").read_text())["global_step"] == 3 * 256
+    resumed = run_script("ppo_mujoco", "--resume", "--run-dir", tmp_path / "parts")
+    assert "[4/6]" in resumed.stdout
+    assert_same_run(tmp_path / "whole", tmp_path / "parts", "ppo_mujoco")
 
 
 def test_resume_refuses_changed_arguments(tmp_path, capsys):
