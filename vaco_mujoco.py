@@ -483,11 +483,11 @@ def main(args):
             "lag/final_tv": progress.final_tv,
         }
         log_iteration(writer, args, progress, episodes, scalars)
-        # A checkpoint holds the envs as this iteration left them: not while the next rollout runs (Rollouts).
-        if not rollouts.next_started and (stop or checkpoint_due(args, iteration)):
-            save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats)
-            if stop:
-                break
+        if stop or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            at_end = rollouts.state_at_iteration_end(stop, envs, episode_stats)  # not --overlap's next rollout's
+            save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_return, at_end)
+        if stop:
+            break
 
     finish(args, run_dir, writer, envs, agent, progress, stop)
 
@@ -1174,7 +1174,7 @@ class GymnasiumEnvs:
             mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
             elapsed_steps = env.get_wrapper_attr("_elapsed_steps")
             states.append((torch.from_numpy(physics), sim.np_random.bit_generator.state, elapsed_steps))
-        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs)}
+        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs.copy())}
 
     def set_state(self, state):
         for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
@@ -1269,21 +1269,21 @@ class EpisodeStats:
         return finished
 
 
-def save_checkpoint(args, run_dir, envs, learner, progress, next_obs, discounted_return, episode_stats):
+def save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_return, at_end):
     """Everything the rest of the run depends on, as <run_dir>/checkpoint.pt under a header (run id, SHA-256 of the
     rest), written atomically; the one it replaces stays as checkpoint.prev.pt, so a crash leaves a readable one."""
     if args.track:
         import wandb
-    in_numpy = (discounted_return, episode_stats.returns, episode_stats.lengths)
+    in_numpy = (discounted_return, *at_end["episode_stats"])
     state = {
         "agent": learner.agent.state_dict(),
         "optimizer": learner.optimizer.state_dict(),
         "policy_buffer": [policy.state_dict() for policy in learner.policy_buffer],
         "return_rms": learner.return_rms.state_dict(),
         "rng": learner.rng.bit_generator.state,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "envs": envs.get_state(),
+        "torch_rng": at_end["torch_rng"],
+        "cuda_rng": at_end["cuda_rng"],
+        "envs": at_end["envs"],
         "episodes": (next_obs, *map(torch.from_numpy, in_numpy)),
         "progress": {**dataclasses.asdict(progress), "elapsed": progress.seconds()},
         "wandb_id": wandb.run.id if args.track else None,
@@ -1329,24 +1329,15 @@ def restore(args, checkpoint, envs, device, learner):
     return Progress(**checkpoint["progress"]), next_obs, discounted_return, episode_stats
 
 
-def checkpoint_due(args, iteration):
-    return args.checkpoint_every and iteration % args.checkpoint_every == 0
-
-
 class Rollouts:
     """Where main's rollouts run. With --overlap (--lag-mode fixed, --lag K >= 1), the next rollout's policy, the oldest
     entry of the buffer after the next append, is known before the update starts: that rollout then runs during the
     update, in a second thread, with the same arithmetic (the update draws no random numbers; the rollout's envs,
-    action noise and episode counts are its own). It does not start into an iteration that ends in a checkpoint or
-    the run, which hold the envs as they were, nor after a signal; a signal during an overlapped update stops the run
-    one iteration later (docs/throughput.md)."""
+    action noise and episode counts are its own). What it changes that a checkpoint of this iteration holds (the envs,
+    torch's generator, the episodes in progress) is copied before it starts (docs/throughput.md#overlap)."""
 
     def __init__(self, args):
-        self.args, self.pool, self.next = args, concurrent.futures.ThreadPoolExecutor(1), None
-
-    @property
-    def next_started(self):
-        return self.next is not None
+        self.args, self.pool, self.next, self.at_end = args, concurrent.futures.ThreadPoolExecutor(1), None, None
 
     def collect(self, envs, actor_groups, next_obs, episode_stats):
         """This iteration's rollout: the one that ran during the last update, or one collected now."""
@@ -1356,10 +1347,29 @@ class Rollouts:
         return started.result()
 
     def start_next(self, iteration, stop, policy_buffer, envs, next_obs, episode_stats):
-        args = self.args
-        if args.overlap and not (stop or checkpoint_due(args, iteration)) and iteration < args.num_iterations:
+        args, self.at_end = self.args, None
+        if args.overlap and not stop and iteration < args.num_iterations:
+            self.at_end = rollout_state(envs, episode_stats)
             actors = [(policy_buffer[len(policy_buffer) == policy_buffer.maxlen], slice(None))]  # oldest after append
             self.next = self.pool.submit(collect_rollout, envs, actors, next_obs, episode_stats, args.num_steps)
+
+    def state_at_iteration_end(self, stop, envs, episode_stats):
+        """The rollout's side of this iteration's checkpoint. After a signal the next rollout, if one runs, is waited
+        for and dropped: the run stops here, as it would one step after the other, and its envs close after it."""
+        if stop and self.next is not None:
+            self.next.result()
+            self.next = None
+        return self.at_end or rollout_state(envs, episode_stats)
+
+
+def rollout_state(envs, episode_stats):
+    """What a checkpoint holds that a rollout changes: the envs, torch's generators, the episodes in progress."""
+    return {
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "envs": envs.get_state(),
+        "episode_stats": (episode_stats.returns.copy(), episode_stats.lengths.copy()),
+    }
 
 
 def log_iteration(writer, args, progress, episodes, scalars):

@@ -460,25 +460,25 @@ def assert_same_run(a, b, script):
 
 @pytest.mark.parametrize("script", existing_scripts())
 def test_overlap_runs_the_next_rollout_during_the_update_with_the_same_results(script, tmp_path, monkeypatch):
-    """6 iterations, a checkpoint every 3: the rollouts of iterations 2, 3, 5, 6 start during the update before them,
-    in the pool's thread; the one after a checkpoint (4) and the first do not. Logs, model, checkpoint: the same bits."""
+    """6 iterations, a checkpoint every 3: the rollouts of iterations 2 to 6 start during the update before them, in
+    the pool's thread, the checkpoints' included. Logs, model and both checkpoints: the sequential loop's bits."""
     run_in_process(script, *OVERLAP_RUN, "--checkpoint-every", "3", "--run-dir", tmp_path / "sequential")
     started = record_rollouts_started_early(monkeypatch)
     run_in_process(script, *OVERLAP_RUN, "--checkpoint-every", "3", "--overlap", "--run-dir", tmp_path / "overlap")
-    assert started == [(i, "collect_rollout", True) for i in (1, 2, 4, 5)]
+    assert started == [(i, "collect_rollout", True) for i in (1, 2, 3, 4, 5)]
     assert_same_run(tmp_path / "sequential", tmp_path / "overlap", script)
-    a, b = (read_checkpoint_file(tmp_path / d / "checkpoint.pt") for d in ("sequential", "overlap"))
-    assert a.keys() == b.keys() and a["progress"]["iteration"] == 6
-    for key in a.keys() - {"progress"}:
-        assert repr(a[key]) == repr(b[key]), key
-    assert {k: v for k, v in a["progress"].items() if "seconds" not in k and k != "elapsed"} == {
-        k: v for k, v in b["progress"].items() if "seconds" not in k and k != "elapsed"
-    }
+    for name, iteration in (("checkpoint.prev.pt", 3), ("checkpoint.pt", 6)):
+        a, b = (read_checkpoint_file(tmp_path / d / name) for d in ("sequential", "overlap"))
+        assert a.keys() == b.keys() and a["progress"]["iteration"] == iteration
+        for key in a.keys() - {"progress"}:
+            assert repr(a[key]) == repr(b[key]), (name, key)
+        untimed = [{k: v for k, v in c["progress"].items() if "seconds" not in k and k != "elapsed"} for c in (a, b)]
+        assert untimed[0] == untimed[1]
 
 
-def test_a_signal_during_an_overlapped_update_stops_one_iteration_later(tmp_path, monkeypatch):
-    """SIGTERM while iteration 2's update runs beside iteration 3's rollout: iteration 3 ends the run with its
-    checkpoint (iteration 2 cannot have one: the envs are ahead of it); resumed, the run is the uninterrupted one."""
+def test_a_signal_during_an_overlapped_update_stops_after_it(tmp_path, monkeypatch):
+    """SIGTERM while iteration 2's update runs beside iteration 3's rollout: the run stops after iteration 2, as one
+    step after the other, with that iteration's checkpoint; resumed, the run is the one never stopped."""
     run_script("ppo_mujoco", *OVERLAP_RUN, "--run-dir", tmp_path / "whole")
 
     def signal_at_the_second(count):
@@ -489,10 +489,10 @@ def test_a_signal_during_an_overlapped_update_stops_one_iteration_later(tmp_path
     with pytest.raises(SystemExit) as exc:
         run_in_process("ppo_mujoco", *OVERLAP_RUN, "--overlap", "--run-dir", tmp_path / "parts")
     assert exc.value.code == 143 and [i for i, _, _ in started] == [1, 2]
-    assert read_checkpoint_file(tmp_path / "parts" / "checkpoint.pt")["progress"]["iteration"] == 3
-    assert json.loads((tmp_path / "parts" / "summary.json").read_text())["global_step"] == 3 * 256
+    assert read_checkpoint_file(tmp_path / "parts" / "checkpoint.pt")["progress"]["iteration"] == 2
+    assert json.loads((tmp_path / "parts" / "summary.json").read_text())["global_step"] == 2 * 256
     resumed = run_script("ppo_mujoco", "--resume", "--run-dir", tmp_path / "parts")
-    assert "[4/6]" in resumed.stdout
+    assert "[3/6]" in resumed.stdout
     assert_same_run(tmp_path / "whole", tmp_path / "parts", "ppo_mujoco")
 
 
