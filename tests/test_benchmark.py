@@ -34,10 +34,12 @@ def test_benchmark_prints_the_table(tmp_path):
             "ppo_mujoco",
             "vaco_mujoco",
             "--lags",
-            "0",
+            "1",
+            "--lag-mode",
+            "fixed",
             "--baseline-rev",
             "HEAD",
-            "--args=--torch-threads 1",
+            "--args=--overlap",
             "--out",
             str(tmp_path / "table.json"),
         ],
@@ -48,6 +50,7 @@ def test_benchmark_prints_the_table(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 envs x 64 steps, " in proc.stdout and " cores, --lag-mode fixed: `python -m tools.bench.benchmark" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     # Without --backend each revision trains on its own default backend, which the row names.
     names = [re.sub(r"\((gymnasium|envpool)\)", "(B)", row.split("|")[1].strip()) for row in rows]
@@ -55,10 +58,10 @@ def test_benchmark_prints_the_table(tmp_path):
         "physics limit (mujoco.rollout, 1 threads)",
         "env only: gymnasium",
         "env only: envpool",
-        "train ppo_mujoco lag 0 (B) --torch-threads 1",  # --args: the current tree's runs only
-        "train ppo_mujoco lag 0 (B) at HEAD",
-        "train vaco_mujoco lag 0 (B) --torch-threads 1",
-        "train vaco_mujoco lag 0 (B) at HEAD",
+        "train ppo_mujoco lag 1 (B) --overlap",  # --args: the current tree's runs only; --lag-mode: both revisions'
+        "train ppo_mujoco lag 1 (B) at HEAD",
+        "train vaco_mujoco lag 1 (B) --overlap",
+        "train vaco_mujoco lag 1 (B) at HEAD",
     ]
     # The current revision's default (auto) resolves to a backend for this shape; the row names the one it ran on.
     shape = ["--env-id", "Hopper-v5", "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128"]
@@ -80,48 +83,6 @@ def test_benchmark_prints_the_table(tmp_path):
         timeout=60,
     )
     assert rendered.returncode == 0 and rendered.stdout.strip() in proc.stdout
-
-
-def test_overlap_times_both_orders_alternating_and_renders_them(tmp_path):
-    cmd = [sys.executable, "-m", "tools.bench.benchmark", "--overlap", "--num-envs", "2", "--num-steps", "16"]
-    cmd += ["--threads", "1", "--repeats", "2", "--out", str(tmp_path / "overlap.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    order = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith(("sequential ", "together "))]
-    assert order == ["sequential", "together", "together", "sequential"]  # ABBA
-    result = json.loads((tmp_path / "overlap.json").read_text())
-    for runs in result["overlap"].values():
-        assert len(runs) == 2 and all(r["wall"] > 0 and r["cpu"] > 0 and r["load"] >= 0 for r in runs)
-    rendered = subprocess.run(
-        [sys.executable, "-m", "tools.bench.benchmark", "--render", str(tmp_path / "overlap.json")],
-        cwd=ROOT,
-        env=SUBPROCESS_ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rendered.returncode == 0 and rendered.stdout.strip() in proc.stdout
-    assert rendered.stdout.count("x |") == 3  # a ratio per pair and their median
-
-
-def test_a_rollout_and_an_update_together_compute_what_they_compute_one_after_the_other():
-    """The rollout's noise comes from torch's generator and the update's shuffles from numpy's: running the two at
-    the same time changes neither stream, so the batch and the weights are the same bits (128 samples: 4 per
-    minibatch, so that the advantages' std and the weights are finite)."""
-    import torch
-
-    from tools.bench.benchmark import Iterations
-
-    results = []
-    for together in (False, True):
-        iterations = Iterations("Hopper-v5", 2, 64, 1)
-        iterations.batch = iterations.rollout()
-        iterations.measure(together)
-        results.append((iterations.batch, iterations.agent.state_dict(), iterations.rng.bit_generator.state))
-    (batch, weights, rng), (batch2, weights2, rng2) = results
-    assert all(torch.equal(a, b) for a, b in zip(batch, batch2)) and rng == rng2
-    assert all(torch.equal(weights[k], weights2[k]) and weights[k].isfinite().all() for k in weights)
-    assert not torch.equal(weights["actor_mean.0.weight"], Iterations("Hopper-v5", 2, 64, 1).agent.actor_mean[0].weight)
 
 
 @pytest.mark.parametrize(
