@@ -63,6 +63,13 @@ def test_benchmark_prints_the_table(tmp_path):
         "train vaco_mujoco lag 1 (B) --overlap",
         "train vaco_mujoco lag 1 (B) at HEAD",
     ]
+    # The physics limit: the median of one measurement at the start and one before each of the 4 training runs.
+    limits = json.loads((tmp_path / "table.json").read_text())["physics_limits"]
+    assert len(limits) == 5 and len(set(limits)) == 5
+    assert f"| {sorted(limits)[2]:,.0f} | 1.00 |" in rows[0]
+    assert (
+        f"median of 5, one at the start and one before each training run: {min(limits):,.0f} to {max(limits):,.0f}" in rows[0]
+    )
     # The current revision's default (auto) resolves to a backend for this shape; the row names the one it ran on.
     shape = ["--env-id", "Hopper-v5", "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128"]
     assert f"({import_script('ppo_mujoco').parse_args(shape).env_backend})" in rows[3]

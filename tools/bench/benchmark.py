@@ -4,7 +4,8 @@ For one task and rollout shape it measures, in env-steps per second:
 - env only: each backend (gymnasium SyncVectorEnv, EnvPool) stepped with random actions, through the same
   wrapper classes the scripts use (same-step autoreset included);
 - physics limit: `mujoco.rollout` on the task's model with one thread per core, open loop, counted in
-  env-steps (physics steps / the task's frame skip): no Python, no policy, no resets;
+  env-steps (physics steps / the task's frame skip): no Python, no policy, no resets; measured at the start and
+  again before each training run, the table gives the median and the notes the range (the 1-thread limit: once);
 - training: each script at lag 0 and lag 8 for a few iterations, split into rollout and update time;
 - with --baseline-rev REV: the same training runs of the scripts at git revision REV (checked out into a
   temporary worktree), interleaved with the current ones, and the speed-up of the current tree over REV.
@@ -200,10 +201,17 @@ def main(argv=None):
 def run(args, baseline, extra=()):
     """Measure every row; `baseline` is the checked-out --baseline-rev or None. Returns the table as a dict."""
     steps = max(1, args.env_steps // max(1, args.num_envs // 8))  # keep the env-only runs to a few seconds
-    limit = physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)
+    limits = [physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)]
     # gymnasium's SyncVectorEnv steps on one core: its ceiling is the one-thread limit.
-    one_core = limit if args.threads == 1 else physics_limit_sps(args.env_id, args.num_envs, steps, 1)
-    rows = [row("physics limit (mujoco.rollout, %d threads)" % args.threads, limit)]
+    one_core = limits[0] if args.threads == 1 else physics_limit_sps(args.env_id, args.num_envs, steps, 1)
+    rows = [None]  # the physics limit's row, filled in at the end
+
+    def train(*a, **kw):
+        """A training run, after one more measurement of the physics limit: the machine's speed drifts during a long
+        benchmark, and the table's limit is the median of all of them."""
+        limits.append(physics_limit_sps(args.env_id, args.num_envs, steps, args.threads))
+        return training(*a, **kw)
+
     if args.threads > 1:
         rows.append(row("physics limit (mujoco.rollout, 1 thread)", one_core))
     for backend in ("gymnasium", "envpool"):
@@ -215,9 +223,9 @@ def run(args, baseline, extra=()):
         for script in args.scripts:
             runs, baseline_runs = [], []
             for _ in range(args.repeats):  # current and baseline alternate, so that drift hits both alike
-                runs.append(training(script, *shape, lag, args.lag_mode, extra=extra))
+                runs.append(train(script, *shape, lag, args.lag_mode, extra=extra))
                 if baseline is not None:
-                    baseline_runs.append(training(script, *shape, lag, args.lag_mode, root=baseline))
+                    baseline_runs.append(train(script, *shape, lag, args.lag_mode, root=baseline))
             sps, s = median_run(runs)
             ppo_sps.setdefault(lag, sps) if script == "ppo_mujoco" else None
             ratio = f"{sps / ppo_sps[lag]:.2f}x PPO" if lag in ppo_sps else ""
@@ -232,9 +240,13 @@ def run(args, baseline, extra=()):
                 if s.get("steady_sps") and b.get("steady_sps"):
                     speedup += f"; iterations 2 to n-1: {s['steady_sps'] / b['steady_sps']:.2f}x"
                 rows.append(row(f"train {script} lag {lag} ({b['env_backend']}) at {args.baseline_rev}", base_sps, b, speedup))
+    spread = f"{min(limits):,.0f} to {max(limits):,.0f}"
+    note = f"median of {len(limits)}, one at the start and one before each training run: {spread}" if len(limits) > 1 else ""
+    rows[0] = row("physics limit (mujoco.rollout, %d threads)" % args.threads, float(np.median(limits)), note=note)
     title = f"{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores"
     title += f", --lag-mode {args.lag_mode}" if args.lag_mode else ""
-    return {"title": title, "command": shlex.join(["python", "-m", "tools.bench.benchmark", *sys.argv[1:]]), "rows": rows}
+    command = shlex.join(["python", "-m", "tools.bench.benchmark", *sys.argv[1:]])
+    return {"title": title, "command": command, "rows": rows, "physics_limits": limits}
 
 
 def row(name, sps, summary=None, note=""):
