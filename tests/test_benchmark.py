@@ -3,6 +3,7 @@ and writes it as JSON that --render prints again; tools/bench/mujoco_gpu_check.p
 on the CPU."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -79,8 +80,9 @@ def test_benchmark_prints_the_table(tmp_path):
     assert "current is" in rows[4] and "current is" in rows[6]
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "baseline" not in worktrees  # the temporary worktree is gone
-    for row in rows[3:]:  # training rows: the load average at the start
+    for row in rows[3:]:  # training rows: the load average at the start, the cores kept busy (CPU time / wall time)
         assert float(row.split("|")[6]) >= 0
+        assert 0.1 < float(re.search(r"cores busy (\d+\.\d\d)", row)[1]) <= 1.05 * os.cpu_count()
     rendered = subprocess.run(
         [sys.executable, "-m", "tools.bench.benchmark", "--render", str(tmp_path / "table.json")],
         cwd=ROOT,

@@ -13,7 +13,8 @@ For one task and rollout shape it measures, in env-steps per second:
   measured against the baseline's defaults.
 - with --lag-mode: the lag mode of every training run, both revisions' (--args=--overlap needs fixed).
 Training SPS counts rollout and update time (not start-up); from 3 iterations on, the notes add the SPS of the
-iterations between the first and the last (a long run's pace: --overlap's first rollout and last update run alone).
+iterations between the first and the last (a long run's pace: --overlap's first rollout and last update run alone),
+and the cores the run kept busy (its CPU time over its wall time, start-up included).
 Absolute numbers on a shared machine drift by +-30%; read the fractions and the ratios, and take the median of
 several --repeats. Each training row gives the 1-minute load average at its (median) run's start. --out writes the
 table as JSON; --render prints the table of such a file (docs/throughput.md's tables are rendered from the files
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -127,13 +129,18 @@ def training(script, env_id, backend, num_envs, num_steps, iterations, lag, lag_
             *extra,
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cpu_before, wall_start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        wall, cpu_after = time.perf_counter() - wall_start, resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode:
             raise SystemExit(f"{script} failed:\n{proc.stderr[-2000:]}")
         summary = json.loads(Path(run_dir, "summary.json").read_text())
         summary["env_backend"] = json.loads(Path(run_dir, "args.json").read_text())["env_backend"]
         summary["steady_sps"] = steady_sps(run_dir, num_envs * num_steps)
     summary["load"] = load
+    # The cores the run kept busy: its CPU time (all threads, start-up included) over its wall time.
+    cpu = cpu_after.ru_utime - cpu_before.ru_utime + cpu_after.ru_stime - cpu_before.ru_stime
+    summary["cores_busy"] = cpu / wall
     steps = summary["global_step"]
     return steps / (summary["rollout_seconds"] + summary["update_seconds"]), summary
 
@@ -254,7 +261,7 @@ def row(name, sps, summary=None, note=""):
     r = {"what": name, "sps": sps, "note": note}
     if summary is not None:
         r.update(rollout_seconds=summary["rollout_seconds"], update_seconds=summary["update_seconds"], load=summary["load"])
-        r.update(steady_sps=summary.get("steady_sps"))
+        r.update(steady_sps=summary.get("steady_sps"), cores_busy=summary.get("cores_busy"))
     return r
 
 
@@ -269,9 +276,12 @@ def render(result):
         "|---|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
+        notes = [r["note"]] if r["note"] else []
         if r.get("steady_sps"):
-            steady = f"iterations 2 to n-1: {r['steady_sps']:,.0f}/s, {r['steady_sps'] / limit:.2f} of the limit"
-            r = {**r, "note": f"{r['note']}; {steady}" if r["note"] else steady}
+            notes.append(f"iterations 2 to n-1: {r['steady_sps']:,.0f}/s, {r['steady_sps'] / limit:.2f} of the limit")
+        if r.get("cores_busy"):
+            notes.append(f"cores busy {r['cores_busy']:.2f}")
+        r = {**r, "note": "; ".join(notes)}
         split = f"rollout {r['rollout_seconds']:.1f}s / update {r['update_seconds']:.1f}s" if "load" in r else ""
         load = f"{r['load']:.1f}" if "load" in r else ""
         lines.append(
