@@ -211,7 +211,7 @@ def run(args, baseline, extra=()):
     limits = [physics_limit_sps(args.env_id, args.num_envs, steps, args.threads)]
     # gymnasium's SyncVectorEnv steps on one core: its ceiling is the one-thread limit.
     one_core = limits[0] if args.threads == 1 else physics_limit_sps(args.env_id, args.num_envs, steps, 1)
-    rows = [None]  # the physics limit's row, filled in at the end
+    rows = []  # the physics limit's row (--threads) goes first, once all its measurements are in
 
     def train(*a, **kw):
         """A training run, after one more measurement of the physics limit: the machine's speed drifts during a long
@@ -249,7 +249,7 @@ def run(args, baseline, extra=()):
                 rows.append(row(f"train {script} lag {lag} ({b['env_backend']}) at {args.baseline_rev}", base_sps, b, speedup))
     spread = f"{min(limits):,.0f} to {max(limits):,.0f}"
     note = f"median of {len(limits)}, one at the start and one before each training run: {spread}" if len(limits) > 1 else ""
-    rows[0] = row("physics limit (mujoco.rollout, %d threads)" % args.threads, float(np.median(limits)), note=note)
+    rows.insert(0, row("physics limit (mujoco.rollout, %d threads)" % args.threads, float(np.median(limits)), note=note))
     title = f"{args.env_id}, {args.num_envs} envs x {args.num_steps} steps, {os.cpu_count()} cores"
     title += f", --lag-mode {args.lag_mode}" if args.lag_mode else ""
     command = shlex.join(["python", "-m", "tools.bench.benchmark", *sys.argv[1:]])
