@@ -9,11 +9,18 @@
 
 Each run gets a deterministic folder `{out}/{env}__{label}__lag{K}__s{seed}` (plus `-{mode}` after the lag
 when `--lag-modes` is given), passed to the script with `--run-dir` (the script creates it: the
-scripts refuse a non-empty run folder); its stdout and stderr go to `{out}/{run folder name}.log`. A run is finished when its summary.json exists and is not marked `interrupted`.
+scripts refuse a non-empty run folder); its stdout and stderr are appended to `{out}/{run folder name}.log` (every
+attempt's output stays). A run is finished when its summary.json exists and is not marked `interrupted`. While it
+runs, the runner holds a lock on each `{out}` (`{out}/run_grid.lock`; the system drops it when the runner ends,
+however it ends): a second runner on the same folder is refused at once with one line naming the first, since each
+would start the other's runs again. The shards of one grid (`--shard`) share the folder. `--dry-run` takes no lock.
 
 Records and resuming. With `--records DIR` every run that finishes is written at once as a compact record,
 `DIR/{run folder name}.json.gz` (per-iteration scalars, summary, arguments: a few KB; format in
-results/records/README.md), and a run whose record exists is skipped. Commit the records as chunks finish:
+results/records/README.md), and a run whose record exists is skipped. A file at a record's place that is not a
+whole record (cut short, empty, damaged, another format) is not taken as done: it is renamed
+`{name}.json.gz.damaged-{n}` (kept, and no longer read as a record), said so, and the record is made again (from the
+run's finished folder, else by running the run). Commit the records as chunks finish:
 the same command on a fresh machine then continues from what the repository holds. Without `--records`,
 finished run folders are skipped. A run folder without a finished summary (a crash, an interrupt) is started
 over with the script's `--overwrite` (which deletes only what a run wrote, and refuses a folder that holds

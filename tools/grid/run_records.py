@@ -28,8 +28,8 @@ RECORD_TAGS = {  # TensorBoard tag -> record column
 }
 RECORD_COLUMNS = tuple(RECORD_TAGS.values())
 # What every record holds, and its type: what the tables read without looking further.
-RECORD_KEYS = {"name": str, "algo": str, "lag": int, "seed": int, "finished": bool, "summary": dict, "args": dict,
-               "eval_returns": list, "scalars": dict}  # fmt: skip
+RECORD_KEYS = {"name": str, "algo": str, "task": (str, type(None)), "lag": int, "lag_mode": str, "seed": int,
+               "finished": bool, "summary": dict, "args": dict, "eval_returns": list, "scalars": dict}  # fmt: skip
 ARGS_DROPPED = ("run_dir", "wandb_project_name", "wandb_entity")  # machine- or account-specific
 
 

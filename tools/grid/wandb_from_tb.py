@@ -17,10 +17,17 @@ and args.json's project and entity. Sync this one, not the folders of the run's 
 syncing them too would log their iterations into the same wandb run a second time.
 
 The run folder is read, never changed, except for `wandb/`, where wandb writes the new folder (and `latest-run`,
-its link). A run folder that already holds the run written by this tool is left as it is (exit 0), so it can be
-called at the end of every start of a job. `--show` reads an offline run's .wandb file without wandb's service or
-a network: its id, config, and the history rows (`_step`, `global_step`). `--tracked-only` (the SLURM job script's
-call, with WANDB_MODE=offline) writes nothing for a run that did not track.
+its link); a run folder it cannot write into (or whose `wandb/` is a link) is refused, as wandb would write into the
+system's temp folder instead. A run folder that already holds the complete run written by this tool (every
+iteration the event files now hold, to its end) is left as it is (exit 0), so it can be called at the end of every
+start of a job; one written by an earlier call that misses iterations logged since is named ("do not sync it") and
+a complete one is written beside it. Damaged input is refused with one `error:` line naming the file, exit 2, before
+anything is written: an event file that is empty, cut short or fails a checksum (TensorBoard's reader would skip
+what it lost in silence, and the run would miss iterations), a run.json or args.json that is not a JSON object, a
+.wandb file (`--show`, or one this tool wrote earlier) that is cut short or fails a CRC. `--show` reads an offline
+run's .wandb file without wandb's service or a network: its id, config, and the history rows (`_step`,
+`global_step`). `--tracked-only` (the SLURM job script's call, with WANDB_MODE=offline) writes nothing for a run that
+did not track.
 """
 
 from __future__ import annotations
