@@ -998,3 +998,23 @@ def test_measure_random(tmp_path):
     again = aggregate.load_reference(tmp_path / "ref.csv")
     assert 0 < again.loc["InvertedPendulum-v5", "random_return"] < 100  # a random policy drops the pole fast
     assert (tmp_path / "ref.csv").read_text().startswith("# Reference returns")
+
+
+def test_run_grid_lock_file_is_never_a_link(tmp_path):
+    outside, out = tmp_path / "outside", tmp_path / "grid"
+    outside.write_text("kept\n")
+    out.mkdir()
+    for link in (os.symlink, os.link):
+        link(outside, out / run_grid.LOCK)
+        with pytest.raises(ValueError, match="not a file of its own"):
+            run_grid.lock_folders([out], None)
+        (out / run_grid.LOCK).unlink()
+    assert outside.read_text() == "kept\n"
+    held = run_grid.lock_folders([out], None)
+    assert (out / run_grid.LOCK).read_text().startswith(f"run_grid process {os.getpid()} on ")
+    with pytest.raises(ValueError, match=f"is in use by run_grid process {os.getpid()} on "):
+        run_grid.lock_folders([out], None)
+    for f in held:
+        f.close()
+    for f in run_grid.lock_folders([out], None):  # free again once the holder's file is closed
+        f.close()

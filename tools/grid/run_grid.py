@@ -77,6 +77,7 @@ only prints the command lines.
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import os
 import re
@@ -564,13 +565,14 @@ def lock_folders(folders, shard) -> list:
 def _lock(path: Path, kind: int):
     """The file at `path` (created if missing, never through a link), locked; ValueError naming the holder if another
     process holds a lock that excludes this one."""
+    not_its_own = f"cannot lock {path}: not a file of its own (a link?); remove it"
     try:
         f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
     except OSError as e:
-        raise ValueError(f"cannot lock {path}: {e.strerror}") from None
+        raise ValueError(not_its_own if e.errno == errno.ELOOP else f"cannot lock {path}: {e.strerror}") from None
     if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or os.fstat(f.fileno()).st_nlink != 1:
         f.close()
-        raise ValueError(f"cannot lock {path}: not a file of its own (a hard link?); remove it")
+        raise ValueError(not_its_own)
     try:
         fcntl.flock(f, kind | fcntl.LOCK_NB)
     except BlockingIOError:
