@@ -135,7 +135,7 @@ def iterations(run_dir) -> list[dict]:
 
 
 def written_here(folder) -> bool:
-    """Whether an offline run folder is one this tool wrote (the tag in its first record), not one of a run's starts
+    """Whether an offline run folder is one this tool wrote (the tag in its run record), not one of a run's starts
     (whose damage, e.g. of a start that was killed, is not this tool's concern)."""
     try:
         for record in read_records(next(Path(folder).glob("*.wandb"))):
@@ -157,7 +157,9 @@ def existing(run_dir, run_id, steps) -> tuple[Path | None, list[Path]]:
         try:
             run = read_offline_run(folder)
         except ValueError as e:
-            raise ValueError(f"{e}; written by an earlier call: move {folder} out of {folder.parent} to write the run again")
+            raise ValueError(
+                f"{e}; written by an earlier call: move {folder} out of {folder.parent} to write the run again"
+            ) from None
         if run["exit_code"] == 0 and [row.get("global_step") for row in run["history"]] == steps:
             complete = folder
         else:
