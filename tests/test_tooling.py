@@ -12,6 +12,7 @@ that does not exist yet).
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import importlib.util
 import itertools
 import json
@@ -297,7 +298,7 @@ def test_run_grid_records_and_resume(tmp_path):
     ok_only = [a for a in argv if a != "bad=spo --fail"]
     again = run_runner(ok_only)
     assert again.returncode == 0 and "4 skipped" in again.stdout and "0 finished" in again.stdout
-    assert not out.exists() or not list(out.iterdir())
+    assert [p.name for p in out.iterdir()] == [run_grid.LOCK]
 
     # the records aggregate: final score = mean over the last 10% of steps
     ref = tmp_path / "ref.csv"
@@ -348,7 +349,125 @@ def test_run_grid_resume_unfinished(tmp_path):
     (run_dir / "summary.json").unlink()
     again = run_runner(argv)  # without the flag: started over, the script deleting what its run wrote
     assert again.returncode == 0 and not (run_dir / "resumed").exists() and run_records.is_finished(run_dir)
-    assert "--overwrite" in (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
+    log = (tmp_path / "grid" / "Hopper-v5__ppo__lag2__s1.log").read_text()
+    assert "--overwrite" in log and log.count("fake training") == 3  # appended: every attempt's output is kept
+
+
+def damage_record(path: Path, how: str):
+    data = path.read_bytes()
+    if how == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(b"garbage\n")
+    elif how == "bit-flip":
+        path.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x10]) + data[len(data) // 2 + 1 :])
+    elif how == "other-format":
+        path.write_bytes(gzip.compress(json.dumps({"format": "other/1"}).encode()))
+    elif how == "json-list":
+        path.write_bytes(gzip.compress(b"[1, 2]"))
+    else:  # a record without its scalars
+        record = json.loads(gzip.decompress(data))
+        path.write_bytes(gzip.compress(json.dumps({k: v for k, v in record.items() if k != "scalars"}).encode()))
+
+
+RECORD_DAMAGES = ["cut", "empty", "garbage", "bit-flip", "other-format", "json-list", "no-scalars"]
+
+
+@pytest.mark.parametrize("how", RECORD_DAMAGES)
+def test_damaged_record_is_one_error(tmp_path, capsys, how):
+    args = {"exp_name": "ppo_mujoco", "env_id": "Hopper-v5", "seed": 1, "lag": 0, "total_timesteps": 100}
+    rec = run_records.make_record("r", args, {"global_step": 100}, {"episodic_return": {100: 1.0}}, [])
+    path = run_records.write_record(rec, tmp_path / "records" / "r.json.gz")
+    assert run_records.read_record(path) == rec
+    damage_record(path, how)
+    with pytest.raises(run_records.NotARecord, match=str(path)):
+        run_records.read_record(path)
+    for source in (path, path.parent):  # the file, and the folder that holds it
+        assert aggregate.main([str(source), "--out", str(tmp_path / "out"), "--no-plots", "--normalization", "none"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"error: {path}: not a ") and " run record (" in line
+    assert not (tmp_path / "out").exists()
+    # exported over: the file there is kept aside, the record written
+    assert run_records.export_records([dict(rec, name="r")], path.parent, log=lambda m: None) == [path]
+    assert run_records.read_record(path) == rec and (path.parent / "r.json.gz.damaged-1").exists()
+
+
+def test_run_grid_redoes_a_damaged_record(tmp_path):
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1", "2"))
+    out, records = tmp_path / "grid", tmp_path / "records"
+    assert run_runner(argv).returncode == 0
+    s1, s2 = (records / f"Hopper-v5__ppo__lag2__s{i}.json.gz" for i in (1, 2))
+    good = s1.read_bytes()
+    damage_record(s1, "cut")  # its run folder is finished: the record is made again from it
+    damage_record(s2, "garbage")
+    import shutil
+
+    shutil.rmtree(out / s2.name.removesuffix(".json.gz"))  # no run folder (a fresh clone): the run is redone
+    dry = run_runner(argv + ["--dry-run"])
+    assert dry.returncode == 0
+    notes = [line.split("  # ")[1] for line in dry.stdout.splitlines()]
+    assert notes == [
+        "finished run folder, would skip; not a whole record at its place, would set it aside",
+        "not a whole record at its place, would set it aside and redo the run",
+    ]
+    assert sorted(p.name for p in records.iterdir()) == [s1.name, s2.name]  # the dry run changed nothing
+    again = run_runner(argv)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"[grid] warning: {s1}: not a whole run record (cut short: the gzip stream ends early); kept as " in again.stdout
+    assert f"[grid] warning: {s2}: not a whole run record (BadGzipFile" in again.stdout
+    assert "1 record(s) written for finished run folders" in again.stdout and "1 finished" in again.stdout
+    assert (records / f"{s1.name}.damaged-1").read_bytes() == good[: len(good) // 2]
+    assert (records / f"{s2.name}.damaged-1").read_bytes() == b"garbage\n"
+    assert s1.read_bytes() == good and run_records.read_record(s2)["finished"]
+    assert len(run_records.collect_records([records], log=lambda m: None)) == 2  # the kept files are not read as records
+
+
+def wait_for_log(log: Path, text: str):
+    deadline = time.time() + 60
+    while text not in (log.read_text() if log.exists() else "") and time.time() < deadline:
+        time.sleep(0.1)
+    assert text in log.read_text()
+
+
+def test_run_grid_locks_its_out_folder(tmp_path):
+    """A second run_grid on the same --out is refused at once, naming the first, and touches none of its runs;
+    the shards of one grid share it."""
+    argv = fake_argv(tmp_path, ["ppo"], seeds=("1", "2"))
+    out = tmp_path / "grid"
+    log = out / "Hopper-v5__ppo__lag2__s1.log"
+    first = subprocess.Popen([sys.executable, "-m", "tools.grid.run_grid", *argv, "--", "--sleep", "120"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for_log(log, "fake training")
+        before = log.read_bytes()
+        for extra in ([], ["--shard", "0/2"]):
+            second = run_runner(argv + extra)
+            assert second.returncode == 2 and second.stdout == "", second.stdout + second.stderr
+            (line,) = second.stderr.strip().splitlines()
+            assert line.startswith(f"error: {out} is in use by run_grid process {first.pid} on ")
+            assert log.read_bytes() == before  # the running run's log, untouched
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 143
+    shard = subprocess.Popen([sys.executable, "-m", "tools.grid.run_grid", *argv, "--shard", "0/2", "--", "--sleep", "120"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for_log(log, "--overwrite")  # the interrupted run, started over
+        other = run_runner(argv + ["--shard", "1/2"])  # the other shard runs beside it
+        assert other.returncode == 0 and "1 finished" in other.stdout, other.stdout + other.stderr
+        whole = run_runner(argv)
+        assert whole.returncode == 2 and f"is in use by run_grid process {shard.pid} on " in whole.stderr
+    finally:
+        shard.send_signal(signal.SIGTERM)
+        shard.communicate(timeout=60)
+    assert sorted(p.name for p in out.glob("*.lock")) == [
+        run_grid.LOCK,
+        "run_grid.shard-0-of-2.lock",
+        "run_grid.shard-1-of-2.lock",
+    ]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -879,3 +998,23 @@ def test_measure_random(tmp_path):
     again = aggregate.load_reference(tmp_path / "ref.csv")
     assert 0 < again.loc["InvertedPendulum-v5", "random_return"] < 100  # a random policy drops the pole fast
     assert (tmp_path / "ref.csv").read_text().startswith("# Reference returns")
+
+
+def test_run_grid_lock_file_is_never_a_link(tmp_path):
+    outside, out = tmp_path / "outside", tmp_path / "grid"
+    outside.write_text("kept\n")
+    out.mkdir()
+    for link in (os.symlink, os.link):
+        link(outside, out / run_grid.LOCK)
+        with pytest.raises(ValueError, match="not a file of its own"):
+            run_grid.lock_folders([out], None)
+        (out / run_grid.LOCK).unlink()
+    assert outside.read_text() == "kept\n"
+    held = run_grid.lock_folders([out], None)
+    assert (out / run_grid.LOCK).read_text().startswith(f"run_grid process {os.getpid()} on ")
+    with pytest.raises(ValueError, match=f"is in use by run_grid process {os.getpid()} on "):
+        run_grid.lock_folders([out], None)
+    for f in held:
+        f.close()
+    for f in run_grid.lock_folders([out], None):  # free again once the holder's file is closed
+        f.close()

@@ -40,7 +40,7 @@ from rliable import library as rly
 from rliable import metrics
 
 from tools.grid.reference_scores import DEFAULT_REFERENCE, REFERENCE_ENVS, load_reference, measure_random, write_reference
-from tools.grid.run_records import RECORD_COLUMNS, VACO_DEFAULTS, collect_records, export_records
+from tools.grid.run_records import RECORD_COLUMNS, VACO_DEFAULTS, NotARecord, collect_records, export_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCES = [REPO / "results" / "records" / f"tier{i}" for i in (1, 2, 3)]
@@ -724,8 +724,12 @@ def main(argv=None):
     sources = opts.sources or [s for s in DEFAULT_SOURCES if s.exists()]
     if not sources:
         p.error("no sources given and no committed records under results/records/tier1..3")
-    res = aggregate(sources, opts.out, opts.reference, opts.normalization, opts.reps, opts.curve_reps, opts.curve_points,
-                    opts.seed, opts.include_unfinished, not opts.no_plots, label=opts.label)  # fmt: skip
+    try:
+        res = aggregate(sources, opts.out, opts.reference, opts.normalization, opts.reps, opts.curve_reps, opts.curve_points,
+                        opts.seed, opts.include_unfinished, not opts.no_plots, label=opts.label)  # fmt: skip
+    except NotARecord as e:  # a run would be missing from every table
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if opts.export_records:
         export_records(res["records"], opts.export_records)
     if opts.verdict:

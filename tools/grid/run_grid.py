@@ -9,11 +9,18 @@
 
 Each run gets a deterministic folder `{out}/{env}__{label}__lag{K}__s{seed}` (plus `-{mode}` after the lag
 when `--lag-modes` is given), passed to the script with `--run-dir` (the script creates it: the
-scripts refuse a non-empty run folder); its stdout and stderr go to `{out}/{run folder name}.log`. A run is finished when its summary.json exists and is not marked `interrupted`.
+scripts refuse a non-empty run folder); its stdout and stderr are appended to `{out}/{run folder name}.log` (every
+attempt's output stays). A run is finished when its summary.json exists and is not marked `interrupted`. While it
+runs, the runner holds a lock on each `{out}` (`{out}/run_grid.lock`; the system drops it when the runner ends,
+however it ends): a second runner on the same folder is refused at once with one line naming the first, since each
+would start the other's runs again. The shards of one grid (`--shard`) share the folder. `--dry-run` takes no lock.
 
 Records and resuming. With `--records DIR` every run that finishes is written at once as a compact record,
 `DIR/{run folder name}.json.gz` (per-iteration scalars, summary, arguments: a few KB; format in
-results/records/README.md), and a run whose record exists is skipped. Commit the records as chunks finish:
+results/records/README.md), and a run whose record exists is skipped. A file at a record's place that is not a
+whole record (cut short, empty, damaged, another format) is not taken as done: it is renamed
+`{name}.json.gz.damaged-{n}` (kept, and no longer read as a record), said so, and the record is made again (from the
+run's finished folder, else by running the run). Commit the records as chunks finish:
 the same command on a fresh machine then continues from what the repository holds. Without `--records`,
 finished run folders are skipped. A run folder without a finished summary (a crash, an interrupt) is started
 over with the script's `--overwrite` (which deletes only what a run wrote, and refuses a folder that holds
@@ -70,10 +77,14 @@ only prints the command lines.
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import os
 import re
 import shlex
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -82,7 +93,7 @@ from pathlib import Path
 
 import yaml
 
-from tools.grid.run_records import is_finished, read_record, record_from_run_dir, write_record
+from tools.grid.run_records import NotARecord, is_finished, read_record, record_from_run_dir, set_aside, write_record
 from tools.grid.sweeps import read_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -511,12 +522,81 @@ def commit_record(path: Path, message: str) -> str | None:
     return None
 
 
+def damaged_record(r: Run) -> str | None:
+    """Why the file at the run's record path is not a whole record; None where there is no file or a whole record."""
+    if r.record is None or not r.record.exists():
+        return None
+    try:
+        read_record(r.record)
+    except NotARecord as e:
+        return str(e)
+    return None
+
+
 def skip_reason(r: Run) -> str | None:
-    if r.record is not None and r.record.exists():
+    if r.record is not None and r.record.exists() and damaged_record(r) is None:
         return "record exists"
     if is_finished(r.run_dir):
         return "finished run folder"
     return None
+
+
+LOCK = "run_grid.lock"
+
+
+def lock_folders(folders, shard) -> list:
+    """Lock each folder of run folders (`--out`) for as long as the returned files stay open, i.e. this call's life
+    (the system drops the lock of a process that ends, however it ends): a second run_grid on the same folder is
+    refused at once, naming the holder, as each would start the other's runs again and take them for failed. The
+    shards of a `--shard I/N` grid share the folder (each holds its own shard's lock)."""
+    held = []
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        if shard:
+            held.append(_lock(folder / LOCK, fcntl.LOCK_SH))
+        held.append(_lock(folder / (f"run_grid.shard-{shard[0]}-of-{shard[1]}.lock" if shard else LOCK), fcntl.LOCK_EX))
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        held[-1].truncate(0)
+        held[-1].write(f"run_grid process {os.getpid()} on {socket.gethostname()}, started {started}\n")
+        held[-1].flush()
+    return held
+
+
+def _lock(path: Path, kind: int):
+    """The file at `path` (created if missing, never through a link), locked; ValueError naming the holder if another
+    process holds a lock that excludes this one."""
+    not_its_own = f"cannot lock {path}: not a file of its own (a link?); remove it"
+    try:
+        f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
+    except OSError as e:
+        raise ValueError(not_its_own if e.errno == errno.ELOOP else f"cannot lock {path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or os.fstat(f.fileno()).st_nlink != 1:
+        f.close()
+        raise ValueError(not_its_own)
+    try:
+        fcntl.flock(f, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(
+            f"{path.parent} is in use by {lock_holders(path.parent) or 'another run_grid'}; a second run_grid on it "
+            "would start its runs again: wait for it to end, or stop it first"
+        ) from None
+    return f
+
+
+def lock_holders(folder: Path) -> str:
+    """Who holds an exclusive lock in `folder` (the lines they wrote into their lock files)."""
+    holders = []
+    for path in sorted(folder.glob("run_grid*.lock")):
+        try:
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken (and dropped at close): no one holds it
+                except BlockingIOError:
+                    holders.append(f.read().strip() or path.name)
+        except OSError:
+            continue
+    return "; ".join(holders)
 
 
 def stop_children(running: dict, signum: int, grace: float) -> None:
@@ -558,14 +638,30 @@ def run_grid(opts) -> int:
     runs = build_runs(opts)
     if opts.dry_run:
         for r in runs:
-            why = skip_reason(r)
-            print("OMP_NUM_THREADS=1 " + shlex.join(r.cmd) + (f"  # {why}, would skip" if why else ""))
+            why, damaged = skip_reason(r), damaged_record(r)
+            notes = [f"{why}, would skip"] if why else []
+            if damaged:
+                notes.append("not a whole record at its place, would set it aside" + ("" if why else " and redo the run"))
+            print("OMP_NUM_THREADS=1 " + shlex.join(r.cmd) + ("  # " + "; ".join(notes) if notes else ""))
         print(f"# {len(runs)} runs", file=sys.stderr)
         return 0
 
     missing = sorted({r.cmd[1] for r in runs if not Path(r.cmd[1]).exists()})
     if missing:
         raise ValueError(f"script(s) not found: {', '.join(missing)}")
+    locks = lock_folders(sorted({r.run_dir.parent for r in runs}), opts.shard)
+    try:
+        return run_locked(opts, runs)
+    finally:
+        for f in locks:
+            f.close()
+
+
+def run_locked(opts, runs: list[Run]) -> int:
+    """Run the grid's runs, with its folders locked (lock_folders)."""
+    for r in runs:
+        if why := damaged_record(r):  # kept, and the run is redone (or its record made again from its finished folder)
+            print(f"[grid] warning: {why}; kept as {set_aside(r.record).name}, the run's record is made again", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     progress = Progress(len(runs))
     pending, late_records = [], []
@@ -607,13 +703,12 @@ def run_grid(opts) -> int:
                         budget_stop, pending = len(pending), []
                         break
                 r = pending.pop(0)
-                cmd, mode = r.cmd, "w"
+                cmd = r.cmd
                 if r.run_dir.exists() and opts.resume_unfinished:  # continue it from its last checkpoint
-                    cmd, mode = r.cmd + ["--resume"], "a"
+                    cmd = r.cmd + ["--resume"]
                 elif r.run_dir.exists():  # an earlier attempt that did not finish: the script deletes what it wrote
                     cmd = r.cmd + ["--overwrite"]
-                r.run_dir.parent.mkdir(parents=True, exist_ok=True)
-                log = open(r.log, mode)
+                log = open(r.log, "a")  # an earlier attempt's output stays, above this one's
                 log.write("# " + shlex.join(cmd) + "\n")
                 log.flush()
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -827,6 +922,9 @@ def main(argv=None) -> int:
         return run_grid(opts)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. a record that cannot be read
+        print(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", file=sys.stderr)
         return 2
 
 

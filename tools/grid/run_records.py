@@ -8,6 +8,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,14 @@ RECORD_TAGS = {  # TensorBoard tag -> record column
     "vaco/filter_frac": "vaco_filter_frac",
 }
 RECORD_COLUMNS = tuple(RECORD_TAGS.values())
+# What every record holds, and its type: what the tables read without looking further.
+RECORD_KEYS = {"name": str, "algo": str, "task": (str, type(None)), "lag": int, "lag_mode": str, "seed": int,
+               "finished": bool, "summary": dict, "args": dict, "eval_returns": list, "scalars": dict}  # fmt: skip
 ARGS_DROPPED = ("run_dir", "wandb_project_name", "wandb_entity")  # machine- or account-specific
+
+
+class NotARecord(ValueError):
+    """A file at a record's place that is not a whole run record; the message names it."""
 
 
 def fmt_num(x) -> str:
@@ -85,13 +94,40 @@ def make_record(name, args, summary, scalars: dict[str, dict[int, float]], eval_
     }
 
 
+def check_event_file(path) -> None:
+    """ValueError naming the file unless every record of this TensorBoard event file is whole and passes both of its
+    checksums (TensorBoard's own reader skips a damaged or cut-off record in silence). A record: its length (8
+    bytes), the length's masked CRC-32C, the data, the data's masked CRC-32C."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    data, pos = Path(path).read_bytes(), 0
+    if not data:
+        raise ValueError(f"{path}: empty (0 bytes), not a TensorBoard event file")
+    while pos < len(data):
+        length, length_crc = struct.unpack_from("<QI", data, pos) if len(data) - pos >= 12 else (len(data), None)
+        if length_crc is not None and masked_crc32c(data[pos : pos + 8]) != length_crc:
+            raise ValueError(f"{path}: the record at byte {pos} fails its checksum: the file is damaged")
+        end = pos + 12 + length + 4
+        if end > len(data):
+            raise ValueError(
+                f"{path}: its last record (byte {pos} of {len(data)}) is cut short: the file was not written to the end"
+            )
+        if masked_crc32c(data[pos + 12 : end - 4]) != struct.unpack_from("<I", data, end - 4)[0]:
+            raise ValueError(f"{path}: the record at byte {pos} fails its checksum: the file is damaged")
+        pos = end
+
+
 def tensorboard_events(run_dir) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} of a run folder's TensorBoard event files, as TensorBoard reads them: in the order
-    written, without what a resumed run's writer purged (the steps logged after the checkpoint it resumed from)."""
+    written, without what a resumed run's writer purged (the steps logged after the checkpoint it resumed from).
+    ValueError naming the file if one of them is damaged or cut short: what it lost would be missing in silence."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    if not any(Path(run_dir).glob("events.out.tfevents*")):
+    files = [f for f in sorted(Path(run_dir).glob("*tfevents*")) if f.is_file()]  # the files TensorBoard reads
+    if not files:
         return {}
+    for f in files:
+        check_event_file(f)
     ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     ea.Reload()
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags().get("scalars", [])}
@@ -118,11 +154,31 @@ def write_record(record: dict, path) -> Path:
 
 
 def read_record(path) -> dict:
-    with gzip.open(path, "rt") as f:
-        record = json.load(f)
-    if record.get("format") != RECORD_FORMAT:
-        raise ValueError(f"{path}: not a run record (format {record.get('format')!r})")
+    """The run record in `path`; ValueError naming the file if it is not a whole one (empty, cut short, damaged, not
+    gzip'd JSON, another format, or without one of RECORD_KEYS): NotARecord."""
+    try:
+        with gzip.open(path, "rt") as f:
+            record = json.load(f)
+    except (gzip.BadGzipFile, EOFError, zlib.error, ValueError) as e:
+        why = "cut short: the gzip stream ends early" if isinstance(e, EOFError) else f"{type(e).__name__}: {e}"
+        raise NotARecord(f"{path}: not a whole run record ({'empty' if not Path(path).stat().st_size else why})") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise NotARecord(f"{path}: not a run record (format {found!r}, expected {RECORD_FORMAT!r})")
+    wrong = [key for key, kind in RECORD_KEYS.items() if not isinstance(record.get(key), kind)]
+    if wrong or not isinstance(record["scalars"].get("step"), list):
+        raise NotARecord(f"{path}: not a whole run record (missing or malformed: {', '.join(wrong or ['scalars.step'])})")
     return record
+
+
+def set_aside(path) -> Path:
+    """Rename a file that is not a whole record to `<name>.damaged-<n>` (the first n free) and return the new path:
+    kept for a look, out of the way of the record that replaces it (and of `*.json.gz`)."""
+    path, n = Path(path), 1
+    while (aside := path.with_name(f"{path.name}.damaged-{n}")).exists() or aside.is_symlink():
+        n += 1
+    path.rename(aside)
+    return aside
 
 
 def records_from_legacy(folder: Path) -> list[dict]:
@@ -150,7 +206,8 @@ def records_from_legacy(folder: Path) -> list[dict]:
 
 
 def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
-    """Every run record found under `sources` (record files, folders of them, run folders, legacy folders)."""
+    """Every run record found under `sources` (record files, folders of them, run folders, legacy folders).
+    NotARecord naming the file if a record file is not a whole record."""
     import pandas as pd
 
     records = []
@@ -159,10 +216,7 @@ def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
             log(f"warning: {src} does not exist; skipped")
             continue
         for f in [src] if src.is_file() else sorted(src.rglob("*.json.gz")):
-            try:
-                records.append(read_record(f))
-            except (OSError, ValueError) as e:
-                log(f"warning: cannot read {f}: {e}")
+            records.append(read_record(f))  # one that is not whole stops the aggregation: a run would be missing
         if src.is_dir():
             for legacy in sorted({p.parent for p in src.rglob("final.csv") if (p.parent / "runs.csv").exists()}):
                 head = pd.read_csv(legacy / "final.csv", comment="#", nrows=0).columns
@@ -185,8 +239,17 @@ def collect_records(sources, include_unfinished=False, log=print) -> list[dict]:
 
 
 def export_records(records, folder, log=print) -> list[Path]:
-    """Write each record as `{folder}/{record name}.json.gz` (an existing identical file is left untouched)."""
-    paths = [Path(folder) / f"{rec['name']}.json.gz" for rec in records]
-    written = [write_record(rec, p) for rec, p in zip(records, paths) if not (p.exists() and read_record(p) == rec)]
+    """Write each record as `{folder}/{record name}.json.gz` (an existing identical file is left untouched; one that
+    is not a whole record is set aside, see set_aside)."""
+    written = []
+    for rec in records:
+        path = Path(folder) / f"{rec['name']}.json.gz"
+        if path.exists():
+            try:
+                if read_record(path) == rec:
+                    continue
+            except NotARecord as e:
+                log(f"warning: {e}; kept as {set_aside(path).name}")
+        written.append(write_record(rec, path))
     log(f"wrote {len(written)} record(s) to {folder}/ ({len(records) - len(written)} unchanged)")
     return written

@@ -17,10 +17,17 @@ and args.json's project and entity. Sync this one, not the folders of the run's 
 syncing them too would log their iterations into the same wandb run a second time.
 
 The run folder is read, never changed, except for `wandb/`, where wandb writes the new folder (and `latest-run`,
-its link). A run folder that already holds the run written by this tool is left as it is (exit 0), so it can be
-called at the end of every start of a job. `--show` reads an offline run's .wandb file without wandb's service or
-a network: its id, config, and the history rows (`_step`, `global_step`). `--tracked-only` (the SLURM job script's
-call, with WANDB_MODE=offline) writes nothing for a run that did not track.
+its link); a run folder it cannot write into (or whose `wandb/` is a link) is refused, as wandb would write into the
+system's temp folder instead. A run folder that already holds the complete run written by this tool (every
+iteration the event files now hold, to its end) is left as it is (exit 0), so it can be called at the end of every
+start of a job; one written by an earlier call that misses iterations logged since is named ("do not sync it") and
+a complete one is written beside it. Damaged input is refused with one `error:` line naming the file, exit 2, before
+anything is written: an event file that is empty, cut short or fails a checksum (TensorBoard's reader would skip
+what it lost in silence, and the run would miss iterations), a run.json or args.json that is not a JSON object, a
+.wandb file (`--show`, or one this tool wrote earlier) that is cut short or fails a CRC. `--show` reads an offline
+run's .wandb file without wandb's service or a network: its id, config, and the history rows (`_step`,
+`global_step`). `--tracked-only` (the SLURM job script's call, with WANDB_MODE=offline) writes nothing for a run that
+did not track.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import math
 import os
 import struct
 import sys
+import zlib
 from pathlib import Path
 
 from tools.grid.run_records import tensorboard_events
@@ -48,31 +56,43 @@ CHUNK = struct.Struct("<IHB")
 BLOCK = 32 * 1024
 
 
-def read_records(path) -> list:
-    """The records of a .wandb file, in order (ValueError if it is not one)."""
+def read_records(path):
+    """The records of a .wandb file, in order; ValueError naming the file if it is not one, or if a chunk is damaged
+    (fails its CRC-32) or cut short (a run killed while writing it)."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = Path(path).read_bytes()
     if len(data) < HEADER.size or HEADER.unpack_from(data)[:2] != (b":W&B", 0xBEE1):
-        raise ValueError(f"{path} is not a wandb run file (.wandb)")
-    records, pending, pos = [], b"", HEADER.size
-    while pos + CHUNK.size <= len(data):
+        raise ValueError(f"{path}: not a wandb run file (.wandb)")
+    pending, pos = None, HEADER.size  # pending: the chunks so far of a record split over blocks
+    while pos < len(data):
         if BLOCK - pos % BLOCK < CHUNK.size:  # the rest of the block is padding
             pos += BLOCK - pos % BLOCK
             continue
-        _, length, kind = CHUNK.unpack_from(data, pos)
+        if pos + CHUNK.size > len(data):
+            raise ValueError(f"{path}: cut short at byte {pos} of {len(data)} (a chunk header not written to the end)")
+        crc, length, kind = CHUNK.unpack_from(data, pos)
         if kind == 0 and length == 0:  # zeros: padding, or the end of what was written
             pos += BLOCK - pos % BLOCK
             continue
         body = data[pos + CHUNK.size : pos + CHUNK.size + length]
+        if len(body) < length:
+            raise ValueError(f"{path}: cut short at byte {pos} of {len(data)} (a record not written to the end)")
+        if zlib.crc32(body, zlib.crc32(bytes([kind]))) != crc or kind > 4 or (pending is None) != (kind in (1, 2)):
+            raise ValueError(f"{path}: the chunk at byte {pos} is damaged (its CRC-32 or type is wrong)")
         pos += CHUNK.size + length
         pending = body if kind in (1, 2) else pending + body
         if kind in (1, 4):
             record = pb.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
+            try:
+                record.ParseFromString(pending)
+            except DecodeError:
+                raise ValueError(f"{path}: the record ending at byte {pos} does not parse") from None
+            yield record
+            pending = None
+    if pending is not None:
+        raise ValueError(f"{path}: cut short (its last record not written to the end)")
 
 
 def read_offline_run(folder) -> dict:
@@ -114,15 +134,37 @@ def iterations(run_dir) -> list[dict]:
     return [{"global_step": step, **rows[step]} for step in sorted(rows)]
 
 
-def existing(run_dir, run_id) -> Path | None:
-    """The offline run folder this tool wrote for the run, if there is one."""
+def written_here(folder) -> bool:
+    """Whether an offline run folder is one this tool wrote (the tag in its run record), not one of a run's starts
+    (whose damage, e.g. of a start that was killed, is not this tool's concern)."""
+    try:
+        for record in read_records(next(Path(folder).glob("*.wandb"))):
+            if record.WhichOneof("record_type") == "run":  # after the header record
+                return TAG in record.run.tags
+    except (StopIteration, OSError, ValueError):
+        pass
+    return False
+
+
+def existing(run_dir, run_id, steps) -> tuple[Path | None, list[Path]]:
+    """(the offline run folder this tool wrote for the run that holds the given steps, each once, to the end (its exit
+    record), if there is one; the others it wrote, which do not: from a call before the run had finished).
+    ValueError naming the file if one it wrote does not read back whole."""
+    complete, others = None, []
     for folder in sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{run_id}")):
-        try:
-            if TAG in read_offline_run(folder)["tags"]:
-                return folder
-        except (OSError, ValueError):
+        if not written_here(folder):
             continue
-    return None
+        try:
+            run = read_offline_run(folder)
+        except ValueError as e:
+            raise ValueError(
+                f"{e}; written by an earlier call: move {folder} out of {folder.parent} to write the run again"
+            ) from None
+        if run["exit_code"] == 0 and [row.get("global_step") for row in run["history"]] == steps:
+            complete = folder
+        else:
+            others.append(folder)
+    return complete, others
 
 
 def tracked(run_dir) -> bool:
@@ -134,19 +176,48 @@ def tracked(run_dir) -> bool:
         return True
 
 
-def write_offline_run(run_dir) -> tuple[Path, bool]:
-    """Write the complete offline run of `run_dir`; (its folder, whether it was written now)."""
+def read_run(run_dir: Path) -> tuple[str, dict]:
+    """(the run's id, its arguments), from run.json and args.json; ValueError naming the file that does not hold them."""
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such folder'} (a run folder)")
+    found = []
+    for name, key in (("run.json", "run_id"), ("args.json", None)):
+        path = run_dir / name
+        try:
+            value = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{run_dir} holds no run (run.json and args.json): {path} does not exist") from None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not readable as JSON ({getattr(e, 'strerror', None) or e})") from None
+        if not isinstance(value, dict) or (key and not (isinstance(value.get(key), str) and value[key])):
+            raise ValueError(f"{path}: not a JSON object" + (f" with a {key!r}" if key else " (the run's arguments)"))
+        found.append(value[key] if key else value)
+    return found[0], found[1]
+
+
+def writable(run_dir: Path) -> None:
+    """ValueError unless wandb can write into `run_dir`/wandb: where it cannot, wandb.init writes the run into the
+    system's temp folder instead, a new copy on every call."""
+    out = run_dir / "wandb"
+    if out.is_symlink():
+        raise ValueError(f"{out} is a link: this tool writes only into the run folder itself; nothing written")
+    for folder in (run_dir, out):
+        if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"{folder} is not writable: the offline run is written into {out}; nothing written")
+
+
+def write_offline_run(run_dir) -> tuple[Path, bool, list[Path]]:
+    """Write the complete offline run of `run_dir`; (its folder, whether it was written now, the incomplete ones this
+    tool wrote before)."""
     run_dir = Path(run_dir)
-    try:
-        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-        args = json.loads((run_dir / "args.json").read_text())
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{run_dir} holds no run (run.json and args.json): {getattr(e, 'strerror', None) or e}")
+    run_id, args = read_run(run_dir)
     if not any(run_dir.glob("events.out.tfevents.*")):
         raise ValueError(f"{run_dir} holds no TensorBoard event files")
-    if (folder := existing(run_dir, run_id)) is not None:
-        return folder, False
-    rows = iterations(run_dir)
+    rows = iterations(run_dir)  # ValueError naming an event file that is damaged or cut short
+    folder, others = existing(run_dir, run_id, [row["global_step"] for row in rows])
+    if folder is not None:
+        return folder, False, others
+    writable(run_dir)
     import wandb
 
     run = wandb.init(
@@ -167,7 +238,7 @@ def write_offline_run(run_dir) -> tuple[Path, bool]:
     folder = Path(run.dir).parent
     run.finish()
     wandb.teardown()  # finish() returns before wandb's service has written all of the run: wait for it
-    return folder, True
+    return folder, True, others
 
 
 def main(argv=None) -> int:
@@ -188,10 +259,15 @@ def main(argv=None) -> int:
             for row in run["history"]:
                 print(json.dumps({k: row[k] for k in ("_step", "global_step") if k in row}))
             return 0
-        folder, written = write_offline_run(opts.run_dir)
-    except (OSError, ValueError) as e:
-        print(f"error: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        folder, written, others = write_offline_run(opts.run_dir)
+    except OSError as e:
+        print(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for other in others:
+        print(f"note: {os.path.relpath(other)}, written by an earlier call, does not hold every iteration: do not sync it")
     print(f"{'wrote' if written else 'already written:'} {os.path.relpath(folder)}; sync it with: wandb sync {folder}")
     return 0
 
