@@ -18,9 +18,10 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from torch.utils.tensorboard import SummaryWriter
 
 from tools.grid import wandb_from_tb
-from tools.grid.run_records import check_event_file
+from tools.grid.run_records import check_event_file, tensorboard_events
 
 RUN_ID = "abc123"
 
@@ -224,3 +225,17 @@ def test_wandb_folder_that_is_a_link_is_refused(tmp_path, capsys):
     assert wandb_from_tb.main([str(run_dir)]) == 2
     assert "is a link: this tool writes only into the run folder itself" in one_error(capsys, run_dir / "wandb")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_cut_record_that_a_later_start_resumed_after_is_read(tmp_path):
+    """A start killed while writing leaves its events file's last record cut short; the next start's file follows it
+    and its writer purged that step, so the run's scalars are whole. In the newest file the same cut is refused."""
+    run_dir, events = make_run(tmp_path)
+    cut(events, 5)
+    with pytest.raises(ValueError, match="cut short"):
+        tensorboard_events(run_dir)
+    later = SummaryWriter(str(run_dir), purge_step=2, filename_suffix=".z")  # sorts after the first file
+    later.add_scalar("charts/episodic_return", 5.0, 2)
+    later.close()
+    assert sorted(run_dir.glob("events*"))[-1].name.endswith(".z")
+    assert tensorboard_events(run_dir)["charts/episodic_return"][-1] == (2, 5.0)

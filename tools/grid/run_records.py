@@ -94,10 +94,12 @@ def make_record(name, args, summary, scalars: dict[str, dict[int, float]], eval_
     }
 
 
-def check_event_file(path) -> None:
+def check_event_file(path, resumed_after=False) -> None:
     """ValueError naming the file unless every record of this TensorBoard event file is whole and passes both of its
     checksums (TensorBoard's own reader skips a damaged or cut-off record in silence). A record: its length (8
-    bytes), the length's masked CRC-32C, the data, the data's masked CRC-32C."""
+    bytes), the length's masked CRC-32C, the data, the data's masked CRC-32C. `resumed_after`: a later start's file
+    follows this one, so a last record cut short is what a killed start leaves, and the resumed run's writer has
+    purged it (it logged the steps after its checkpoint again)."""
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     data, pos = Path(path).read_bytes(), 0
@@ -108,6 +110,8 @@ def check_event_file(path) -> None:
         if length_crc is not None and masked_crc32c(data[pos : pos + 8]) != length_crc:
             raise ValueError(f"{path}: the record at byte {pos} fails its checksum: the file is damaged")
         end = pos + 12 + length + 4
+        if end > len(data) and resumed_after:
+            return
         if end > len(data):
             raise ValueError(
                 f"{path}: its last record (byte {pos} of {len(data)}) is cut short: the file was not written to the end"
@@ -127,7 +131,7 @@ def tensorboard_events(run_dir) -> dict[str, list[tuple[int, float]]]:
     if not files:
         return {}
     for f in files:
-        check_event_file(f)
+        check_event_file(f, resumed_after=f != files[-1])
     ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     ea.Reload()
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags().get("scalars", [])}
