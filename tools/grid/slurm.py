@@ -111,7 +111,7 @@ if [ "$stopping" = 1 ] && [ "$status" = 143 ]; then
   if [ "$(checkpoint)" = "$before" ]; then
     reason="this start wrote no new checkpoint"
   elif [ "$requeues" -ge {max_requeues} ]; then
-    reason="requeued at the time limit $requeues times already (--max-requeues {max_requeues})"
+    reason="its requeues at the time limit reached --max-requeues {max_requeues}"
   else
     reason=
   fi
@@ -317,7 +317,7 @@ def ended_state(events: list[tuple[str, str]] | None, started: bool) -> tuple[st
         return "cancelled", "before it started"
     kinds, details = [event for event, _ in events], dict(events)
     if "timeout" in kinds:
-        return "timeout", f"not requeued at the time limit: {details['timeout']}"
+        return "timeout", f"stopped at the time limit and not requeued: {details['timeout']}"
     if "requeue" in kinds:
         return "cancelled", "while waiting to restart after the time limit"
     if ("signal", "time limit") in events:
