@@ -418,6 +418,37 @@ def test_submit_refuses_bad_input_before_writing(tmp_path, capsys):
     assert not grid.exists()
 
 
+def test_a_failed_sbatch_takes_back_what_submit_wrote(tmp_path, capsys, monkeypatch):
+    """sbatch and squeue stand-ins: the first submission goes through (job 7), the next ones fail."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    accept = tmp_path / "accept"
+    sbatch = f"[ -e {accept} ] && rm {accept} && echo 7 && exit 0\necho 'sbatch: error: Invalid partition name' >&2\nexit 1"
+    for name, text in {"sbatch": sbatch, "squeue": "exit 0"}.items():
+        (bin_folder / name).write_text(f"#!/bin/sh\n{text}\n")
+        (bin_folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(SWEEP)
+    out = tmp_path / "new" / "grid"
+    assert main(["submit", str(sweep), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "error: sbatch failed: sbatch: error: Invalid partition name\n"
+    assert not (tmp_path / "new").exists()
+    accept.touch()
+    assert main(["submit", str(sweep), "--out", str(out), "--where", "seed=1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("submitted job 7: 1 of 4 cells, --where chose 1;")
+    written = {path: path.read_text() for path in out.rglob("*") if path.is_file()}
+    assert sorted(path.name for path in written) == ["cells.tsv", "job.sh", "jobs.jsonl"]
+    assert main(["submit", str(sweep), "--out", str(out), "--time", "2:00:00"]) == 2
+    assert capsys.readouterr().err == "error: sbatch failed: sbatch: error: Invalid partition name\n"
+    assert {path: path.read_text() for path in out.rglob("*") if path.is_file()} == written
+    assert sorted(path.relative_to(out).as_posix() for path in out.rglob("*") if path.is_dir()) == [
+        "logs",
+        "slurm",
+        "slurm/history",
+    ]
+
+
 def dry_run(capsys, *argv):
     assert main(["submit", "--dry-run", *map(str, argv)]) == 0, capsys.readouterr().err
     return capsys.readouterr().out

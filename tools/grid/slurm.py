@@ -400,12 +400,22 @@ def submit(args) -> int:
         return 0
     if not shutil.which("sbatch"):
         raise ValueError("sbatch is not on PATH: submit from a SLURM login node")
-    for folder in ("slurm/history", "logs"):
-        (out / folder).mkdir(parents=True, exist_ok=True)
+    # The tasks read cells.tsv when they start, so it is written before sbatch; if sbatch fails, what this call
+    # wrote is taken back (the folders it made, cells.tsv if new, job.sh as it was).
+    job_path = out / "slurm" / "job.sh"
+    folders = [*reversed(out.parents), out, out / "slurm", out / "slurm" / "history", out / "logs"]
+    made = [folder for folder in folders if not folder.exists()]
+    before = {path: path.read_text() if path.exists() else None for path in (cells_path, job_path)}
+    for folder in made:
+        folder.mkdir()
     cells_path.write_text(cells_text)
-    (out / "slurm" / "job.sh").write_text(script)
-    proc = subprocess.run([*sbatch, str(out / "slurm" / "job.sh")], capture_output=True, text=True)
+    job_path.write_text(script)
+    proc = subprocess.run([*sbatch, str(job_path)], capture_output=True, text=True)
     if proc.returncode != 0:
+        for path, text in before.items():
+            path.write_text(text) if text is not None else path.unlink()
+        for folder in reversed(made):
+            folder.rmdir()
         raise ValueError(f"sbatch failed: {' '.join(proc.stderr.split())}")
     job_id = proc.stdout.strip().split(";")[0]
     with open(out / "slurm" / "jobs.jsonl", "a") as f:
