@@ -406,6 +406,9 @@ def test_submit_refuses_bad_input_before_writing(tmp_path, capsys):
         ("--", "--no-auto-resume"): "after --: --no-auto-resume is the launcher's (each task runs --auto-resume --run-dir "
         "OUT/CELL)",
         ("--", "--seed", "1", "--seed=2"): "after --: --seed is given twice",
+        ("--", "--seed=5"): "after --: --seed=5 is each cell's own (its label, or a parameter the sweep lists values for)",
+        ("--", "--exp-name", "x"): "after --: --exp-name is each cell's own (its label, or a parameter the sweep lists "
+        "values for)",
     }
     for options, message in refusals.items():
         path, options = (options[0], options[1:]) if options[0].endswith(".yaml") else (str(sweep), options)

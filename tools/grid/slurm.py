@@ -12,7 +12,8 @@ keeps the cells whose parameter KEY takes one of the values (repeatable: all con
 command), the job script `slurm/job.sh` (plain sbatch: read it, edit it, submit it yourself if you like), and submits
 one job array of the chosen cells that have not finished. Each cell's run goes to `{out}/{cell}`, its output to
 `{out}/logs/{cell}.log` (appended at every start), the events of its tasks to `{out}/slurm/history/{cell}.tsv`.
-Flags after `--` go to every run, in place of the sweep's (or the launcher's) value of the same flag.
+Flags after `--` go to every run, in place of the sweep's fixed (or the launcher's) value of the same flag; not a
+parameter the sweep lists values for, nor --exp-name, --run-dir or --auto-resume.
 
 Every task runs its cell's command with `--auto-resume --run-dir {out}/{cell}`: the same command starts the run or
 continues it from its checkpoint, so a task may be requeued any number of times. Requeueing:
@@ -376,6 +377,9 @@ def submit(args) -> int:
     out = Path(args.out).resolve()
     cells, chosen = grid_cells(args.sweep, args.where)
     extra = flags_after_dashes(args.script_args)
+    for flag in extra:  # a cell's own value replaced would leave its folder and label naming another run
+        if flag_name(flag[0]) in {"exp_name", *cells[0].varied}:
+            raise ValueError(f"after --: {flag[0]} is each cell's own (its label, or a parameter the sweep lists values for)")
     commands = [(cell.name, cell_command(cell, out, args.cpus, args.gpus, extra)) for cell in cells]
     cells_text = "".join(f"{name}\t{command}\n" for name, command in commands)
     script = job_script(args, out)

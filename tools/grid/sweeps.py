@@ -36,6 +36,7 @@ class Cell:
     label: str  # what the aggregator groups the run by: its --exp-name
     program: str  # the script, relative to the repository root
     params: dict  # {flag (underscores): value}, the fixed parameters included
+    varied: tuple = ()  # the parameters the grid lists `values` for (each cell's own)
 
     def flags(self, **override) -> list[str]:
         """The command-line flags of the cell, as wandb renders them (`--param=value`; the scripts take both forms),
@@ -87,7 +88,7 @@ def read_sweep(path) -> list[Cell]:
         parts += [f"lag{params['lag']}"] if "lag" in params else []
         parts += [f"s{params['seed']}"] if "seed" in params else []
         name = re.sub(r"[^\w.=+-]", "-", "__".join(parts))
-        cells.append(Cell(name, label, program, params))
+        cells.append(Cell(name, label, program, params, tuple(varied)))
     names = [cell.name for cell in cells]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: two cells would share a run folder name")
