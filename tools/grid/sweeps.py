@@ -10,6 +10,9 @@ parameter's name without underscores, or its name in the method's notation where
 Numbers are written as `{:g}` writes them (2.0 is `2`). A cell's folder is `{env_id}__{label}__lag{lag}__s{seed}`
 (`Hopper-v5__vaco-delta0.1__lag8__s1`), the name of its record in results/records/. Parameters the grid fixes
 (`value:`) are in every command line.
+
+`select(cells, where)` keeps the cells whose parameters take the given values (`env_id=Hopper-v5`, `seed=1,2`: one of
+the listed values; several conditions: all of them), as the launcher's `--where` asks.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Cell:
     label: str  # what the aggregator groups the run by: its --exp-name
     program: str  # the script, relative to the repository root
     params: dict  # {flag (underscores): value}, the fixed parameters included
+    varied: tuple = ()  # the parameters the grid lists `values` for (each cell's own)
 
     def flags(self, **override) -> list[str]:
         """The command-line flags of the cell, as wandb renders them (`--param=value`; the scripts take both forms),
@@ -84,8 +88,45 @@ def read_sweep(path) -> list[Cell]:
         parts += [f"lag{params['lag']}"] if "lag" in params else []
         parts += [f"s{params['seed']}"] if "seed" in params else []
         name = re.sub(r"[^\w.=+-]", "-", "__".join(parts))
-        cells.append(Cell(name, label, program, params))
+        cells.append(Cell(name, label, program, params, tuple(varied)))
     names = [cell.name for cell in cells]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: two cells would share a run folder name")
     return cells
+
+
+def parse_value(text: str):
+    """A value from the command line as YAML reads it in a sweep file (1 is a number, false a boolean)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def same_value(given, value) -> bool:
+    """`given` (from the command line) equals a sweep's value; a boolean matches only a boolean (True == 1 in Python)."""
+    return isinstance(given, bool) == isinstance(value, bool) and given == value
+
+
+def select(cells: list[Cell], where: list[str]) -> list[Cell]:
+    """The cells whose parameters match every `key=value[,value...]` of `where` (the key with `_` or `-`); ValueError
+    with a one-line message for a condition that is not `key=value`, a key the sweep does not have, or a value that
+    none of its cells takes."""
+    chosen = cells
+    for condition in where:
+        key, sep, values = condition.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key or not values:
+            raise ValueError(f"--where {condition}: expected key=value or key=value1,value2")
+        if key not in cells[0].params:
+            raise ValueError(f"--where {condition}: the sweep has no parameter {key} (it has {', '.join(cells[0].params)})")
+        taken = []  # the sweep's values of key, in its order (a value may be a list: no set)
+        for cell in cells:
+            taken += [] if cell.params[key] in taken else [cell.params[key]]
+        wanted = [parse_value(value) for value in values.split(",")]
+        for text, given in zip(values.split(","), wanted):
+            if not any(same_value(given, value) for value in taken):
+                listed = ", ".join(map(str, taken))
+                raise ValueError(f"--where {condition}: {key} is never {text} in the sweep (its values: {listed})")
+        chosen = [cell for cell in chosen if any(same_value(given, cell.params[key]) for given in wanted)]
+    return chosen
