@@ -498,6 +498,7 @@ def main(args):
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -507,6 +508,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import re
 import shutil
 import socket
@@ -560,6 +562,7 @@ CHECKPOINT_HEADER_BYTES = 256
 # and its links to the latest one.
 WANDB_ENTRY = r"(offline-)?run-\d{8}_\d{6}-[a-z0-9]+|latest-run|debug(-internal|-cli\.\w+)?\.log"
 RUN_LOCKS = {}  # the open run.lock of each run folder this process holds (lock_run_dir)
+WANDB_LOST = []  # why wandb stopped taking this process's scalars (log_row), if it did
 
 
 @dataclass
@@ -659,6 +662,8 @@ def check_args(args: Args) -> None:
                 OffScreenViewer(model, mujoco.MjData(model), 16, 16).close()
         except Exception as e:
             raise ValueError(f"--capture-video: no OpenGL renderer (headless: set MUJOCO_GL=egl): {str(e).splitlines()[0]}")
+    if args.cuda and not torch.cuda.is_available():
+        raise ValueError("--cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.resume and not args.run_dir:
@@ -1017,12 +1022,12 @@ def release_run_dir(run_dir, undo=None):
         os.close(RUN_LOCKS.pop(run_dir))
 
 
-def remove_run_files(run_dir, run_id):
+def remove_run_files(run_dir, wandb_id):
     """--overwrite: delete the run that run_dir holds (check_run_dir: nothing else), file by file. The folder, its lock
-    and the wandb files of the new run `run_id` stay (wandb starts first, so that its refusal leaves the old run)."""
+    and the files of the new wandb run `wandb_id` stay (wandb starts first, so that its refusal leaves the old run)."""
     for name in os.listdir(run_dir):
         if name == "wandb" and written_by_a_run(run_dir, name):
-            remove_wandb_files(run_dir, keep=run_id)
+            remove_wandb_files(run_dir, keep=wandb_id)
         elif name != "run.lock" and written_by_a_run(run_dir, name):
             (shutil.rmtree if name == "videos" else os.remove)(f"{run_dir}/{name}")
 
@@ -1070,12 +1075,13 @@ def start_run(args):
     try:
         check_run_dir(dataclasses.replace(args, run_dir=run_dir))  # again: now no other process can change it
         checkpoint = read_checkpoint(run_dir) if args.resume else None
-        run_id = read_run_record(run_dir)["run_id"] if args.resume else run_id
+        run_record = read_run_record(run_dir) if args.resume else {"run_id": run_id}
+        run_id, wandb_id = run_record["run_id"], None
         if args.track:
             import wandb
 
-            # Patching TensorBoard (rather than sync_tensorboard=True) avoids wandb's 10 s wait at exit offline.
-            wandb.tensorboard.patch(root_logdir=run_dir)
+            # The script logs to wandb itself (log_iteration), not through wandb's TensorBoard watcher, which may
+            # not have read the last iterations when the process exits and watches the folder wandb writes in.
             try:
                 wandb.init(
                     project=args.wandb_project_name,
@@ -1083,23 +1089,26 @@ def start_run(args):
                     config=dataclasses.asdict(args),
                     name=run_name,
                     save_code=True,
-                    # Every start of the run continues one wandb run: the checkpoint's, or the run's own id.
-                    id=(checkpoint or {}).get("wandb_id") or run_id,
+                    # Every start of the run continues one wandb run (a sweep's agent sets its own id, WANDB_RUN_ID).
+                    id=run_record.get("wandb_id") or (checkpoint or {}).get("wandb_id") or run_id,
                     resume="allow",
                     dir=run_dir,
                 )
             except Exception as e:  # no login, no network, a bad entity: wandb's own error classes
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise ValueError(f"--track: wandb could not start ({why}); run `wandb login` or set WANDB_MODE=offline")
+            wandb_id = wandb.run.id
+            wandb.define_metric("*", step_metric="global_step")
         if not args.resume:
             replacing = True  # from here on the folder's old run (--overwrite) is being deleted
-            remove_run_files(run_dir, run_id)
-            write_json(f"{run_dir}/run.json", {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id})
+            remove_run_files(run_dir, wandb_id)
+            run_record = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "wandb_id": wandb_id}
+            write_json(f"{run_dir}/run.json", run_record)
             # the folder it is in, not how it was spelled
             write_json(f"{run_dir}/args.json", dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))))
     except (OSError, ValueError) as e:
-        if args.track and not args.resume:
-            remove_wandb_files(run_dir, only=run_id)
+        if wandb_id and not args.resume:
+            remove_wandb_files(run_dir, only=wandb_id)
         # A start refused before it deleted anything leaves the folder's run (--resume, --overwrite) as it was.
         keep = args.resume or (args.overwrite and not replacing)
         release_run_dir(run_dir, undo=None if keep else "created" if created else "files")
@@ -1117,13 +1126,16 @@ def start_run(args):
         writer = SummaryWriter(run_dir, purge_step=purge_step)
         table = "\n".join(f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    if args.track and checkpoint is not None:
+        replay_to_wandb(run_dir, checkpoint["progress"]["global_step"])
 
     # TRY NOT TO MODIFY: seeding
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = torch.device("cuda" if args.cuda else "cpu")  # check_args refused --cuda without a device
+    print(f"device: {device}" + (f" ({torch.cuda.get_device_name(device)})" if args.cuda else ""), flush=True)
     return run_dir, checkpoint, stop, writer, rng, device
 
 
@@ -1376,16 +1388,13 @@ def log_iteration(writer, args, progress, episodes, scalars):
     """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
     step, (finished_returns, finished_lengths) = progress.global_step, episodes
     sps = int(step / progress.seconds())
-    with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
-        if finished_returns:
-            progress.return_history.append((step, float(np.mean(finished_returns))))
-            writer.add_scalar("charts/episodic_return", np.mean(finished_returns), step)
-            writer.add_scalar("charts/episodic_length", np.mean(finished_lengths), step)
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, step)
-        writer.add_scalar("perf/rollout_seconds", progress.rollout_seconds, step)
-        writer.add_scalar("perf/update_seconds", progress.update_seconds, step)
-        writer.add_scalar("charts/SPS", sps, step)
+    row = {}
+    if finished_returns:
+        progress.return_history.append((step, float(np.mean(finished_returns))))
+        row |= {"charts/episodic_return": np.mean(finished_returns), "charts/episodic_length": np.mean(finished_lengths)}
+    row |= scalars
+    row |= {"perf/rollout_seconds": progress.rollout_seconds, "perf/update_seconds": progress.update_seconds}
+    log_row(writer, args, row | {"charts/SPS": sps}, step)
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
     # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
@@ -1394,6 +1403,41 @@ def log_iteration(writer, args, progress, episodes, scalars):
     left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
     times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
     print(f"{where} | SPS {sps:,} | {times} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
+
+
+def log_row(writer, args, row, step):
+    """Scalars at one environment step, to TensorBoard and (--track) to wandb, whose own step is the environment
+    step: wandb drops a step logged again, so an iteration redone after a kill (the same bits) counts once."""
+    with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
+        for tag, value in row.items():
+            writer.add_scalar(tag, value, step)
+    if args.track and not WANDB_LOST:
+        import wandb
+
+        try:
+            wandb.log({**{tag: float(value) for tag, value in row.items()}, "global_step": step}, step=step)
+        except Exception as e:  # wandb's process ended: a signal to all the job's processes reaches it too
+            WANDB_LOST.append(e)
+            print(f"wandb stopped taking the run's scalars at step {step} ({type(e).__name__}); TensorBoard keeps them")
+
+
+def replay_to_wandb(run_dir, up_to):
+    """A resumed run gives its wandb run what TensorBoard holds up to the checkpoint's step `up_to` from wandb's own
+    next step on (online: what wandb has; offline: every start's files hold the run): the scalars a start logged to
+    TensorBoard but wandb did not take (it had been stopped, or it was slow to write) are then in wandb once."""
+    import wandb
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # it warns of the purge on resume, which is expected
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    rows = collections.defaultdict(dict)
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            if wandb.run.step <= event.step <= up_to:
+                rows[event.step][tag] = event.value
+    for step in sorted(rows):
+        wandb.log({**rows[step], "global_step": step}, step=step)
 
 
 def hours_minutes_seconds(seconds):
@@ -1445,8 +1489,7 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
     eval_returns = []
     if args.eval_episodes > 0 and not stop:
         eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
-        with writing(run_dir):
-            writer.add_scalar("eval/episodic_return", np.mean(eval_returns), progress.global_step)
+        log_row(writer, args, {"eval/episodic_return": np.mean(eval_returns)}, progress.global_step)
         print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
 
     summary = {
@@ -1465,12 +1508,17 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         writer.close()
     envs.close()
     release_run_dir(run_dir)
-    if args.track:
+    if args.track and not WANDB_LOST:
         import wandb
 
-        if stop:  # a sweep's agent requeues a run that is marked preempting and exits non-zero, instead of failing it
-            wandb.run.mark_preempting()  # here, not in the signal handler: wandb's client is not reentrant
-        wandb.finish(exit_code=128 + stop[0] if stop else 0)
+        try:
+            if stop:  # a sweep's agent requeues a run marked preempting that exits non-zero, instead of failing it
+                wandb.run.mark_preempting()  # here, not in the signal handler: wandb's client is not reentrant
+            wandb.finish(exit_code=128 + stop[0] if stop else 0)
+        except Exception as e:
+            WANDB_LOST.append(e)
+    if WANDB_LOST:
+        print(f"wandb's run ended with its process ({type(WANDB_LOST[0]).__name__}); the next start replays what it lacks")
     if stop:
         sys.exit(128 + stop[0])  # 130 after SIGINT, 143 after SIGTERM, as if the signal had ended the run
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 from tools.grid import wandb_from_tb
@@ -120,3 +121,112 @@ def test_refuses_a_folder_without_a_run_and_skips_an_untracked_one(tmp_path, cap
     assert wandb_from_tb.main([str(tmp_path)]) == 2  # without --tracked-only: it would write one, but has no events
     assert capsys.readouterr().err.startswith(f"error: {tmp_path} holds no TensorBoard event files")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["args.json", "run.json"]
+
+
+# ------------------------------------------------------------------ what wandb's own files hold, as a user meets them
+
+
+def busy_loops(count):
+    """Processes that keep the cores busy beside a run, as other jobs on a shared node do."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def start_group(cmd, env, cwd, stops=()) -> tuple[int, str]:
+    """One start in its own process group; each (iteration, signal) of `stops` is sent to the whole group (the run and
+    wandb's process: what slurmstepd does on scancel, requeue and preemption) once that iteration's line is printed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                            start_new_session=True)  # fmt: skip
+    stops, output = dict(stops), []
+    for line in proc.stdout:
+        output.append(line)
+        match = re.match(r"\[(\d+)/", line)
+        if match and int(match.group(1)) in stops:
+            os.killpg(proc.pid, stops.pop(int(match.group(1))))
+    return proc.wait(), "".join(output)
+
+
+def assert_wandb_holds_tensorboard(run_dir, folder):
+    """The offline run in `folder` holds every step TensorBoard holds, once, with TensorBoard's values (which are
+    float32) and the wall-clock time of each row; its x axis is the environment step."""
+    history = wandb_from_tb.read_offline_run(folder)["history"]
+    steps = [row["_step"] for row in history]
+    rows = {}
+    for tag, values in tensorboard_events(run_dir).items():
+        for step, value in values:
+            rows.setdefault(step, {})[tag] = value
+    assert steps == sorted(rows), (steps, sorted(rows))
+    for row in history:
+        assert row["global_step"] == row["_step"] and row["_timestamp"] > 1e9 and row["_runtime"] >= 0
+        for tag, value in rows[row["_step"]].items():
+            assert np.float32(row[tag]) == np.float32(value), (tag, row["_step"])
+    return history
+
+
+def assert_no_nested_links(run_dir):
+    """wandb's own links only (latest-run and its debug logs), none inside a linked folder: no chain of links."""
+    links = [p for p in Path(run_dir).rglob("*") if p.is_symlink()]
+    assert {p.name for p in links} <= {"latest-run", "debug.log", "debug-internal.log", "debug-core.log"}, links
+    assert max(len(p.relative_to(run_dir).parts) for p in Path(run_dir).rglob("*")) <= 5
+
+
+def test_a_tracked_run_on_a_busy_machine_holds_every_iteration_in_wandb(tmp_path):
+    iterations = 30
+    run_dir = tmp_path / "busy"
+    cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *RUN, "--run-dir", str(run_dir)]
+    cmd += ["--total-timesteps", str(iterations * 64), "--eval-episodes", "1"]
+    loops = busy_loops(4)
+    try:
+        code, output = start_group(cmd, offline_env(tmp_path), tmp_path)
+    finally:
+        for loop in loops:
+            loop.kill()
+    assert code == 0 and "device: cpu" in output, output
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    history = assert_wandb_holds_tensorboard(run_dir, folder)
+    assert len(history) == iterations and "eval/episodic_return" in history[-1]
+    assert json.loads((run_dir / "run.json").read_text())["wandb_id"] == wandb_from_tb.read_offline_run(folder)["id"]
+    assert_no_nested_links(run_dir)
+
+
+def test_a_run_preempted_three_times_is_one_wandb_run_with_each_iteration_once(tmp_path):
+    """SIGTERM to the job's processes, SIGKILL, SIGTERM again, then to the end: each stop by SIGTERM exits 143 with
+    no traceback; every start continues the same wandb run, and the last start's files hold the whole run (what
+    `wandb sync` of the latest offline folder makes the run: a later sync of a run id replaces the earlier)."""
+    run_dir, env = tmp_path / "preempted", offline_env(tmp_path)
+    cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *RUN, "--run-dir", str(run_dir), "--total-timesteps", "896"]
+    codes, outputs = [], []
+    for stops in ({3: signal.SIGTERM}, {7: signal.SIGKILL}, {9: signal.SIGTERM}, {}):
+        code, output = start_group(cmd, env, tmp_path, stops.items())
+        codes.append(code)
+        outputs.append(output)
+    assert codes == [143, -signal.SIGKILL, 143, 0], outputs
+    assert not any("Traceback" in output for output in outputs), outputs
+    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
+    wandb_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]
+    assert len(folders) == 4 and all(folder.name.endswith(f"-{wandb_id}") for folder in folders)
+    assert len(assert_wandb_holds_tensorboard(run_dir, folders[-1])) == 14
+    assert_no_nested_links(run_dir)
+
+
+def test_a_sweep_agents_run_keeps_its_wandb_files_and_records_their_id(tmp_path):
+    """Under a sweep's agent wandb takes the agent's run id (WANDB_RUN_ID), not the script's: the first start keeps
+    that run's files, run.json names the id, and the agent's rerun after a preemption continues that wandb run."""
+    env = {**offline_env(tmp_path), "WANDB_SWEEP_ID": "sweep1", "WANDB_RUN_ID": "agentrun1"}
+    cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *RUN, "--total-timesteps", "512"]
+    assert start_group(cmd, env, tmp_path, {3: signal.SIGTERM}.items())[0] == 143
+    run_dir = tmp_path / "runs/sweep-sweep1/agentrun1"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["wandb_id"] == "agentrun1" != record["run_id"]
+    assert len(list((run_dir / "wandb").glob("offline-run-*-agentrun1"))) == 1
+    assert start_group(cmd, env, tmp_path)[0] == 0
+    folders = sorted((run_dir / "wandb").glob("offline-run-*-agentrun1"))
+    assert len(folders) == 2 and len(assert_wandb_holds_tensorboard(run_dir, folders[-1])) == 8
+
+
+def test_cuda_without_a_device_is_refused(tmp_path):
+    cmd = [sys.executable, str(REPO / "ppo_mujoco.py"), *RUN, "--run-dir", str(tmp_path / "r"), "--cuda"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(tmp_path), timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)"
+    ], proc.stderr
+    assert not (tmp_path / "r").exists()
