@@ -1494,15 +1494,18 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         writer.close()
     envs.close()
     release_run_dir(run_dir)
-    if args.track and not WANDB_LOST:
+    if args.track:
         import wandb
 
         try:
-            if stop:  # a sweep's agent requeues a run marked preempting that exits non-zero, instead of failing it
+            if stop and not WANDB_LOST:  # a sweep's agent requeues a run marked preempting that exits non-zero
                 wandb.run.mark_preempting()  # here, not in the signal handler: wandb's client is not reentrant
-            wandb.finish(exit_code=128 + stop[0] if stop else 0)
+            if not WANDB_LOST:
+                wandb.finish(exit_code=128 + stop[0] if stop else 0)
         except Exception as e:
             WANDB_LOST.append(e)
+        with contextlib.suppress(Exception):  # now, not at exit: a wandb process a signal ended would be a traceback
+            wandb.teardown()
     if WANDB_LOST:
         print(f"wandb's run ended with its process ({type(WANDB_LOST[0]).__name__}); the next start replays what it lacks")
     if stop:

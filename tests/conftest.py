@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,3 +115,23 @@ def read_checkpoint_file(path):
     header = json.loads(data[:256])
     assert data[255:256] == b"\n" and hashlib.sha256(data[256:]).hexdigest() == header["sha256"], path
     return torch.load(io.BytesIO(data[256:]), weights_only=True)
+
+
+def assert_wandb_holds_tensorboard(run_dir, folder):
+    """The offline run in `folder` holds every step TensorBoard holds, once, with TensorBoard's values (which are
+    float32) and the wall-clock time of each row; its x axis is the environment step."""
+    from tools.grid.run_records import tensorboard_events
+    from tools.grid.wandb_from_tb import read_offline_run
+
+    history = read_offline_run(folder)["history"]
+    steps = [row["_step"] for row in history]
+    rows = {}
+    for tag, values in tensorboard_events(run_dir).items():
+        for step, value in values:
+            rows.setdefault(step, {})[tag] = value
+    assert steps == sorted(rows), (steps, sorted(rows))
+    for row in history:
+        assert row["global_step"] == row["_step"] and row["_timestamp"] > 1e9 and row["_runtime"] >= 0
+        for tag, value in rows[row["_step"]].items():
+            assert np.float32(row[tag]) == np.float32(value), (tag, row["_step"])
+    return history

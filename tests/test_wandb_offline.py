@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
+from conftest import assert_wandb_holds_tensorboard
 from tools.grid import wandb_from_tb
 from tools.grid.run_records import tensorboard_events
 
@@ -92,7 +92,7 @@ def test_stopped_killed_resumed_run_gives_one_complete_offline_run(tmp_path, cap
     assert run["id"] == run_id and run["tags"] == [wandb_from_tb.TAG] and run["exit_code"] == 0
     assert {key: run["config"][key] for key in args} == args
     history = run["history"]
-    assert [row["_step"] for row in history] == list(range(ITERATIONS))
+    assert [row["_step"] for row in history] == [row["global_step"] for row in history]
     assert [row["global_step"] for row in history] == [64 * (i + 1) for i in range(ITERATIONS)]
     events = tensorboard_events(run_dir)
     assert events and all(len({step for step, _ in values}) == len(values) for values in events.values())
@@ -143,23 +143,6 @@ def start_group(cmd, env, cwd, stops=()) -> tuple[int, str]:
         if match and int(match.group(1)) in stops:
             os.killpg(proc.pid, stops.pop(int(match.group(1))))
     return proc.wait(), "".join(output)
-
-
-def assert_wandb_holds_tensorboard(run_dir, folder):
-    """The offline run in `folder` holds every step TensorBoard holds, once, with TensorBoard's values (which are
-    float32) and the wall-clock time of each row; its x axis is the environment step."""
-    history = wandb_from_tb.read_offline_run(folder)["history"]
-    steps = [row["_step"] for row in history]
-    rows = {}
-    for tag, values in tensorboard_events(run_dir).items():
-        for step, value in values:
-            rows.setdefault(step, {})[tag] = value
-    assert steps == sorted(rows), (steps, sorted(rows))
-    for row in history:
-        assert row["global_step"] == row["_step"] and row["_timestamp"] > 1e9 and row["_runtime"] >= 0
-        for tag, value in rows[row["_step"]].items():
-            assert np.float32(row[tag]) == np.float32(value), (tag, row["_step"])
-    return history
 
 
 def assert_no_nested_links(run_dir):

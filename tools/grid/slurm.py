@@ -126,11 +126,6 @@ if [ "$stopping" = 1 ] && [ "$status" = 143 ]; then
     scontrol requeue "$SLURM_JOB_ID"
   fi
 fi
-# Offline, each start of the run wrote its own wandb folder: once the run has finished, write its one complete
-# offline wandb run from its TensorBoard files, the one to sync (a run without --track gets none).
-if [ "$status" = 0 ] && [ "${{WANDB_MODE:-}}" = offline ]; then
-  {python} -m tools.grid.wandb_from_tb --tracked-only "$out/$name" || echo "=== no complete offline wandb run"
-fi
 exit "$status"
 """
 # How the job script starts the run and asks it to stop: on the CPU, the run is this shell's child; with GPUs, a job
@@ -259,7 +254,6 @@ def job_script(args, out: Path) -> str:
         extra=extra,
         max_requeues=args.max_requeues,
         repo=shlex.quote(str(REPO)),
-        python=shlex.quote(sys.executable),
         out=shlex.quote(str(out)),
         out_path=out,
         launch=launch,

@@ -5,16 +5,14 @@
     wandb sync runs/grid/Hopper-v5__vaco__lag8__s1/wandb/latest-run             # later, where there is internet
     python -m tools.grid.wandb_from_tb --show <offline run folder or .wandb file>   # what an offline run holds
 
-With WANDB_MODE=offline, every start of a resumed run (`--resume`, `--auto-resume`, a requeued SLURM task) writes its
-own offline run folder in `<run-dir>/wandb`, and `wandb sync` does not merge them: each one's `_step` starts at 0,
-the iterations a stopped run logged after its last checkpoint are in two of them, and the iterations of a start
-that was killed (SIGKILL) are in none. TensorBoard's event files hold every iteration, and a resumed run's
-TensorBoard drops what was logged after the checkpoint it resumes from (`purge_step`), so that each iteration
-counts once, its last write. This tool writes them as one offline wandb run: one history row per logged step, in
-order (`_step` 0, 1, 2, ...; the environment step is `global_step`, every chart's x axis), the run's arguments
-(args.json) as its config, the run's id (run.json: the id the script gives its wandb run), the run folder's name,
-and args.json's project and entity. Sync this one, not the folders of the run's starts: they share its id, and
-syncing them too would log their iterations into the same wandb run a second time.
+A tracked run logs to wandb itself, at the environment step, and each start of a resumed run gives wandb what
+TensorBoard holds up to its checkpoint: its last start's offline folder holds the whole run, the one to sync. This
+tool is for a run whose wandb files are missing or incomplete (a run without --track, a folder copied without
+`wandb/`, runs of earlier versions): it writes TensorBoard's scalars as one offline wandb run, each iteration once
+(TensorBoard drops what a resumed run's writer purged, the steps after its checkpoint), `_step` the environment step
+(also logged as `global_step`, every chart's x axis), the run's arguments (args.json) as its config, the run's
+wandb id (run.json), the run folder's name, and args.json's project and entity. A later `wandb sync` of a run id
+replaces what an earlier one sent, so sync this folder or the run's last start, not both.
 
 The run folder is read, never changed, except for `wandb/`, where wandb writes the new folder (and `latest-run`,
 its link); a run folder it cannot write into (or whose `wandb/` is a link) is refused, as wandb would write into the
@@ -26,8 +24,7 @@ anything is written: an event file that is empty, cut short or fails a checksum 
 what it lost in silence, and the run would miss iterations), a run.json or args.json that is not a JSON object, a
 .wandb file (`--show`, or one this tool wrote earlier) that is cut short or fails a CRC. `--show` reads an offline
 run's .wandb file without wandb's service or a network: its id, config, and the history rows (`_step`,
-`global_step`). `--tracked-only` (the SLURM job script's call, with WANDB_MODE=offline) writes nothing for a run that
-did not track.
+`global_step`). `--tracked-only` writes nothing for a run that did not track.
 """
 
 from __future__ import annotations
@@ -177,7 +174,7 @@ def tracked(run_dir) -> bool:
 
 
 def read_run(run_dir: Path) -> tuple[str, dict]:
-    """(the run's id, its arguments), from run.json and args.json; ValueError naming the file that does not hold them."""
+    """(the run's wandb id, its arguments), from run.json and args.json; ValueError naming the file that does not hold them."""
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such folder'} (a run folder)")
     found = []
@@ -191,7 +188,7 @@ def read_run(run_dir: Path) -> tuple[str, dict]:
             raise ValueError(f"{path}: not readable as JSON ({getattr(e, 'strerror', None) or e})") from None
         if not isinstance(value, dict) or (key and not (isinstance(value.get(key), str) and value[key])):
             raise ValueError(f"{path}: not a JSON object" + (f" with a {key!r}" if key else " (the run's arguments)"))
-        found.append(value[key] if key else value)
+        found.append((value.get("wandb_id") or value[key]) if key else value)  # a sweep agent's run has its own id
     return found[0], found[1]
 
 
@@ -234,7 +231,7 @@ def write_offline_run(run_dir) -> tuple[Path, bool, list[Path]]:
     run.define_metric("global_step")
     run.define_metric("*", step_metric="global_step")
     for row in rows:
-        run.log(row)
+        run.log(row, step=row["global_step"])
     folder = Path(run.dir).parent
     run.finish()
     wandb.teardown()  # finish() returns before wandb's service has written all of the run: wait for it
