@@ -177,12 +177,11 @@ def test_damaged_wandb_file_is_refused(tmp_path, capsys, damage):
         ("run.json", '{"run_id": 7}', "run.json: not a JSON object with a 'run_id'"),
     ],
 )
-@pytest.mark.parametrize("tracked_only", [False, True])
-def test_run_files_that_are_not_objects(tmp_path, capsys, name, text, says, tracked_only):
+def test_run_files_that_are_not_objects(tmp_path, capsys, name, text, says):
     run_dir, _ = make_run(tmp_path)
     (run_dir / name).write_text(text)
     before = tree(run_dir)
-    assert wandb_from_tb.main(["--tracked-only"] * tracked_only + [str(run_dir)]) == 2
+    assert wandb_from_tb.main([str(run_dir)]) == 2
     assert says in one_error(capsys, run_dir / name)
     assert tree(run_dir) == before
 

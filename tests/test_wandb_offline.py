@@ -110,15 +110,13 @@ def test_stopped_killed_resumed_run_gives_one_complete_offline_run(tmp_path, cap
     assert done.returncode == 0 and "nothing to do" in done.stdout, done.stdout + done.stderr
 
 
-def test_refuses_a_folder_without_a_run_and_skips_an_untracked_one(tmp_path, capsys):
+def test_refuses_a_folder_without_a_run_or_without_events(tmp_path, capsys):
     assert wandb_from_tb.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path} holds no run")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "run.json").write_text('{"run_id": "abc"}')
     (tmp_path / "args.json").write_text('{"track": false}')
-    assert wandb_from_tb.main(["--tracked-only", str(tmp_path)]) == 0
-    assert "a run without --track; no wandb run written" in capsys.readouterr().out
-    assert wandb_from_tb.main([str(tmp_path)]) == 2  # without --tracked-only: it would write one, but has no events
+    assert wandb_from_tb.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path} holds no TensorBoard event files")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["args.json", "run.json"]
 

@@ -24,7 +24,7 @@ anything is written: an event file that is empty, cut short or fails a checksum 
 what it lost in silence, and the run would miss iterations), a run.json or args.json that is not a JSON object, a
 .wandb file (`--show`, or one this tool wrote earlier) that is cut short or fails a CRC. `--show` reads an offline
 run's .wandb file without wandb's service or a network: its id, config, and the history rows (`_step`,
-`global_step`). `--tracked-only` writes nothing for a run that did not track.
+`global_step`).
 """
 
 from __future__ import annotations
@@ -164,15 +164,6 @@ def existing(run_dir, run_id, steps) -> tuple[Path | None, list[Path]]:
     return complete, others
 
 
-def tracked(run_dir) -> bool:
-    """Whether the run was started with --track (True where args.json cannot be read: writing then refuses the
-    folder, with the reason)."""
-    try:
-        return json.loads(Path(run_dir, "args.json").read_text()).get("track") is True
-    except (OSError, ValueError, AttributeError):
-        return True
-
-
 def read_run(run_dir: Path) -> tuple[str, dict]:
     """(the run's wandb id, its arguments), from run.json and args.json; ValueError naming the file that does not hold them."""
     if not run_dir.is_dir():
@@ -242,12 +233,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="a run folder (or, with --show, an offline run folder or .wandb file)")
     p.add_argument("--show", action="store_true", help="print what an offline wandb run holds, and write nothing")
-    p.add_argument("--tracked-only", action="store_true", help="write nothing for a run without --track (args.json)")
     opts = p.parse_args(argv)
     try:
-        if opts.tracked_only and not opts.show and not tracked(opts.run_dir):
-            print(f"{opts.run_dir}: a run without --track; no wandb run written")
-            return 0
         if opts.show:
             run = read_offline_run(opts.run_dir)
             steps = [row.get("_step") for row in run["history"]]
