@@ -61,8 +61,11 @@ def test_equivalence_needs_the_whole_interval_inside_the_margin():
     assert R.within((-0.04, 0.04), 0.05)
     assert not R.within((-0.04, 0.05), 0.05)  # an end on the margin is not inside
     assert not R.within((-0.082, 0.024), 0.05)
-    assert R.equivalence(0.0, (-0.04, 0.04), 0.05) == "the same within ±0.050"
-    assert R.equivalence(-0.031, (-0.082, 0.024), 0.05) == "not shown"
+    assert R.equivalence(0.0, (-0.04, 0.04), margin=0.05) == "the same within ±0.050"
+    assert R.equivalence(-0.031, (-0.082, 0.024), margin=0.05) == "not shown"
+    # both intervals of a measure must lie inside the margin
+    assert R.equivalence(-0.031, (-0.082, 0.024), (-0.089, 0.028), margin=0.1, same="no effect") == "no effect within ±0.100"
+    assert R.equivalence(-0.031, (-0.082, 0.024), (-0.101, 0.028), margin=0.1) == "not shown"
 
 
 def test_numbers_as_the_pages_print_them():

@@ -71,12 +71,16 @@ def within(interval, margin) -> bool:
     return -margin < low and high < margin
 
 
-def equivalence(estimate, interval, margin, same="the same", none=NOT_SHOWN) -> str:
-    """`same` plus the margin when the interval lies inside (-margin, +margin), `none` otherwise."""
-    low, high = _checked(interval)
-    if not low <= float(estimate) <= high:
-        raise ValueError(f"estimate {estimate} outside its interval [{low}, {high}]")
-    return f"{same} within ±{number(margin, sign=False)}" if within(interval, margin) else none
+def equivalence(estimate, *intervals, margin, same="the same", none=NOT_SHOWN) -> str:
+    """`same` plus the margin when every interval lies inside (-margin, +margin), `none` otherwise."""
+    if not intervals:
+        raise ValueError("no interval")
+    for interval in intervals:
+        low, high = _checked(interval)
+        if not low <= float(estimate) <= high:
+            raise ValueError(f"estimate {estimate} outside its interval [{low}, {high}]")
+    inside = all(within(i, margin) for i in intervals)
+    return f"{same} within ±{number(margin, sign=False)}" if inside else none
 
 
 def number(value, digits=3, sign=True) -> str:
