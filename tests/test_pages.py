@@ -59,3 +59,11 @@ def test_render_rewrites_only_the_blocks():
 def test_the_headline_names_its_comparison_and_its_control():
     text = P.headline(P.Sources())
     assert "PPO with ε = 0.2" in text and "PPO with ε = 0.3" in text
+
+
+def test_no_inline_block_starts_a_line():
+    # A line that starts with an HTML comment is a raw HTML block to GitHub's renderer: its markdown would show raw.
+    for page in P.PAGES:
+        text = (P.REPO / page).read_text(encoding="utf-8")
+        starts = re.findall(r"^ *<!-- readings: ([\w-]+) -->(?!\n)", text, re.M)
+        assert not starts, f"{page}: blocks {starts} start a line; put them after text or on lines of their own"

@@ -195,7 +195,7 @@ def plot_forest(path, title, table, colors, xlabel, marked=()):
     names = [f"{display_text(r.algo)}{' †' * (r.algo in marked)}, {r.task}" for r in reversed(rows)]
     ax.set_yticks(range(len(rows)), names)
     ax.axvline(0, color="k", lw=0.9, ls="--")
-    note = "\nsolid: 95% bootstrap interval; dotted, below: 95% Welch t interval" if welch else ""
+    note = "\nsolid: 95% bootstrap; dotted: 95% Welch t" if welch else ""
     ax.set_xlabel(xlabel + note + ("\n" + NOT_LEARNED_CAPTION if any(r.algo in marked for r in rows) else ""))
     ax.grid(axis="x", alpha=0.3)
     save(fig, path, title)

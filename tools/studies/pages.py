@@ -254,7 +254,8 @@ def decile_runs(frame, higher, lower, **where) -> str:
     for k, v in where.items():
         sel = sel[sel[k] == v]
     said = {int(r.decile): Measure(r._asdict()).said(higher=higher, lower=lower) for r in sel.itertuples()}
-    out = [f"{w} at deciles {numbers(sorted(d for d, v in said.items() if v == w))}" for w in (higher, lower)]
+    at = {w: sorted(d for d, v in said.items() if v == w) for w in (higher, lower)}
+    out = [f"{w} at decile{'s' * (len(at[w]) > 1)} {numbers(at[w])}" for w in (higher, lower)]
     shown = [o for o, w in zip(out, (higher, lower)) if w in said.values()]
     return ", ".join(shown) if shown else f"{R.NOT_SHOWN} at any decile"
 
