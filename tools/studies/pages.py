@@ -33,6 +33,7 @@ PAGES = [
     "docs/vaco_mujoco.md",
     "docs/spo_mujoco.md",
     "docs/impala_mujoco.md",
+    "docs/ppo_mujoco.md",
 ]
 BLOCK_RE = re.compile(r"(<!-- readings: ([\w-]+) -->)(.*?)(<!-- end -->)", re.S)
 TASKS = ("Hopper-v5", "Walker2d-v5")
@@ -221,7 +222,7 @@ def grid_degradation(s: Sources) -> str:
     out = []
     for algo, name in (("ppo", "PPO"), ("vaco", "VACO")):
         m = one(s.deg, measure="degradation", algo=algo, task="pooled")
-        out.append(f"{name} {m.said(higher='gains', lower='loses')} ({m.both()})")
+        out.append(f"{name} {m.said(higher='gains', lower='loses')}, {m.both()}")
     return "from lag 0 to lag 8, pooled: " + "; ".join(out)
 
 
@@ -351,6 +352,11 @@ def impala_1pass(s: Sources) -> str:
     return f"D(VACO, IMPALA) {d.both()}: {loses_less(d)}; ΔIQM_8(VACO, IMPALA) {iqm8.value()}: {scores(iqm8)}"
 
 
+def d_matched(s: Sources) -> str:
+    m = s.r2("D(vaco, ppo-clip0.3)")
+    return f"D(VACO, PPO ε = 0.3) {m.both()}: {loses_less(m)}"
+
+
 def round2_q4(s: Sources) -> str:
     parts = []
     for delta in ("0.1", "0.4"):
@@ -432,6 +438,7 @@ BLOCKS = {
     "round2-questions": round2_questions,
     "round2-q1": round2_q1,
     "round2-q4": round2_q4,
+    "d-matched": d_matched,
     "impala-1pass": impala_1pass,
     "d-halfcheetah": d_halfcheetah,
     "round2-deciles": round2_deciles,
