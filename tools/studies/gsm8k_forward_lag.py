@@ -333,8 +333,9 @@ def read(values, digits, higher, lower) -> str:
 
 
 def plot_table(records: dict, path: str):
-    """Four panels: accuracy curves (one line style and marker per K), final accuracy vs K, clipped/filtered share vs K,
-    final TV vs K; PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours, laid out for the documentation's
+    """Six panels: accuracy curves (one line style and marker per K), final accuracy vs K, clipped/filtered share vs K,
+    final TV vs K, and VACO − PPO-clip paired by seed in late accuracy and final TV with the 95% t-interval the
+    readings use (summary.md); PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours, laid out for the documentation's
     column (tools/grid/aggregate_figures.py), PNG and SVG."""
     from pathlib import Path
 
@@ -349,7 +350,7 @@ def plot_table(records: dict, path: str):
     styles = dict(zip([2, 4, 8, 16, 32], [":", "-.", "--", "-", (0, (5, 1))]))
     markers = dict(zip([1, 2, 4, 8, 16, 32], ["o", "v", "s", "^", "D", "P"]))  # with the line style, one K per curve
     widths = dict(zip([2, 4, 8, 16, 32], [1.2, 1.2, 1.4, 1.8, 2.0]))
-    figure, grid = F._figure(2, 2, 2.9)
+    figure, grid = F._figure(3, 2, 2.9)
     axes = grid.flat
     for loss, label in [("ppo-clip", "PPO-clip"), ("vaco", "VACO")]:
         for k in lags:
@@ -388,6 +389,17 @@ def plot_table(records: dict, path: str):
     axes[2].set_yscale("symlog", linthresh=1e-3)  # PPO-clip's fractions are 10-100x smaller than VACO's
     axes[2].set_ylim(bottom=0)  # fractions: a t-interval's lower end below 0 is cut at 0
     axes[3].set(xlabel="forward lag K", ylabel="TV to the behaviour policy", title="final TV")
+    by_run = {(r["loss"], r["K"], r["seed"]): r for r in runs}
+    for axis, key, what in [(axes[4], "accuracy_late", "late accuracy"), (axes[5], "tv_final", "final TV")]:
+        present, means, halves = [], [], []
+        for k in (k for k in lags if k > 1):
+            seeds = [s for (loss, kk, s) in by_run if loss == "vaco" and kk == k and ("ppo-clip", k, s) in by_run]
+            if seeds:
+                mean, half, _ = t_interval([by_run["vaco", k, s][key] - by_run["ppo-clip", k, s][key] for s in seeds])
+                present.append(k), means.append(mean), halves.append(0.0 if np.isnan(half) else half)
+        axis.errorbar(present, means, yerr=halves, color="black", marker="D", capsize=3, ls="none")
+        axis.axhline(0, color="grey", lw=0.8)
+        axis.set(xlabel="forward lag K", ylabel="VACO − PPO-clip", title=f"{what}, paired by seed, 95% t-interval")
     for axis in axes[1:]:
         axis.set_xscale("log", base=2)
         axis.set_xticks(lags, [str(k) for k in lags])
