@@ -8,7 +8,8 @@
 A generated block is the text between `<!-- readings: NAME -->` and the next `<!-- end -->` of a page; the text
 around it explains and states no effect of its own. Sources: results/evidence_grid_500k (degradation.csv,
 ablation.csv, deciles_d.csv, rise_9_to_10.csv), results/evidence_round2 (measures.csv, measures_deciles.csv,
-rise_9_to_10.csv, verdict.md) and results/gsm8k_forward_lag/summary.md; regenerate those first
+rise_9_to_10.csv, verdict.md), results/gsm8k_forward_lag/summary.md and results/smollm2_cpu/summary.md (whose
+readings tools/studies/gsm8k_forward_lag.py and smollm2_cpu.py write with the same rule); regenerate those first
 (docs/results.md, docs/evidence_round2_results.md, docs/gsm8k_forward_lag.md).
 """
 
@@ -34,6 +35,7 @@ PAGES = [
     "docs/spo_mujoco.md",
     "docs/impala_mujoco.md",
     "docs/ppo_mujoco.md",
+    "docs/gsm8k.md",
 ]
 BLOCK_RE = re.compile(r"(<!-- readings: ([\w-]+) -->)(.*?)(<!-- end -->)", re.S)
 TASKS = ("Hopper-v5", "Walker2d-v5")
@@ -108,6 +110,7 @@ class Sources:
         summary = (res / "gsm8k_forward_lag" / "summary.md").read_text()
         self.gain = markdown_table(summary, "Late − start, read")
         self.paired = markdown_table(summary, "VACO − PPO-clip, paired by seed")
+        self.smollm2 = (res / "smollm2_cpu" / "summary.md").read_text()
 
     # --- the measures, by name
     def d(self, task="pooled", algo="vaco"):
@@ -421,6 +424,19 @@ def gsm8k_readings(s: Sources) -> str:
     )
 
 
+def smollm2_accuracy(s: Sources) -> str:
+    """The held-out accuracy's change and its reading, as summary.md (tools/studies/smollm2_cpu.py) wrote them with
+    the rule."""
+    change = re.search(r"^\| accuracy \(100 problems\) \| ([\d.]+) \| ([\d.]+) \| (.+?) \|$", s.smollm2, re.M)
+    said = re.search(r"The change is (.+)\.$", s.smollm2, re.M).group(1)
+    return f"greedy accuracy {change.group(1)} before, {change.group(2)} after, {change.group(3)}: {said}"
+
+
+def smollm2_reward(s: Sources) -> str:
+    m = re.search(r"last − first (\S+ \[.+?\]) \(95% Welch t-interval over iterations\), (.+?)\.$", s.smollm2, re.M)
+    return f"last − first {m.group(1).replace('-', '−')}: {m.group(2)}"
+
+
 BLOCKS = {
     "headline": headline,
     "rise": rise,
@@ -439,6 +455,8 @@ BLOCKS = {
     "round2-q1": round2_q1,
     "round2-q4": round2_q4,
     "d-matched": d_matched,
+    "smollm2-accuracy": smollm2_accuracy,
+    "smollm2-reward": smollm2_reward,
     "impala-1pass": impala_1pass,
     "d-halfcheetah": d_halfcheetah,
     "round2-deciles": round2_deciles,
