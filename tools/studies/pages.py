@@ -217,7 +217,7 @@ def grid_headline(s: Sources) -> str:
     parts = [f"{scores(m).replace('VACO ', '')} at lag {k} ({m.value()})" for k, m in leads]
     return (
         f"**That VACO loses less of its score than PPO as the lag grows: {loses_less(d).replace('VACO', 'shown: VACO')}"
-        f" (the pre-registered D {d.both()}). VACO's IQM against PPO's (ΔIQM, two tasks): {'; '.join(parts)}.**"
+        f", the pre-registered D {d.both()}. VACO's IQM against PPO's (ΔIQM, two tasks): {'; '.join(parts)}.**"
     )
 
 
