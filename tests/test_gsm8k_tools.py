@@ -80,7 +80,9 @@ def test_table_runs_records_shares_k1_and_resumes(tiny_start, monkeypatch):
     for name in ["summary.md", "runs.csv", "curves.csv", "forward_lag.png"]:
         assert (out / name).stat().st_size > 0, name
     summary = (out / "summary.md").read_text()
-    assert summary.count("| vaco | ") == 2 and summary.count("| ppo-clip | ") == 2
+    # each loss: its two rows of the table and of the late − start readings (one seed: no interval to read)
+    assert summary.count("| vaco | ") == 4 and summary.count("| ppo-clip | ") == 4
+    assert summary.count("no interval (one seed)") == 6  # 4 late − start rows, 2 paired differences at K = 2
 
     # Everything is recorded: a second call trains nothing and rewrites the same outputs.
     monkeypatch.setattr(FL, "run_spec", lambda *a: pytest.fail("a recorded run was run again"))

@@ -171,13 +171,16 @@ def plot_score_vs_lag(path, title, agg, labels, lags, colors, metrics_shown, yla
 
 
 def plot_forest(path, title, table, colors, xlabel, marked=()):
-    """One row per (algorithm or measure, task or pooled): point and 95% interval; a line at 0. The `marked`
-    algorithms (did not learn) keep their colour, dashed on a hatched band, with a † and the reason below."""
+    """One row per (algorithm or measure, task or pooled): point and 95% bootstrap interval; a line at 0. A row with
+    a Welch t interval (columns t_low, t_high) draws it too, thinner, just below: the pages read such a measure
+    only when both intervals exclude 0 (tools/readings.py). The `marked` algorithms (did not learn) keep their
+    colour, dashed on a hatched band, with a † and the reason below."""
     if not len(table):
         return False
     rows = list(table.itertuples())
     fig, axes = _figure(1, 1, 0.3 * len(rows) + 1.3 + 0.25 * bool(marked))
     ax = axes[0][0]
+    welch = False
     for i, r in enumerate(rows):
         y, c = len(rows) - 1 - i, colors.get(r.algo, "k")
         if r.algo in marked:
@@ -185,10 +188,15 @@ def plot_forest(path, title, table, colors, xlabel, marked=()):
         xerr = [[r.estimate - r.ci_low], [r.ci_high - r.estimate]]
         ax.errorbar(r.estimate, y, xerr=xerr, fmt="o", color=c, capsize=3, ms=5,
                     mfc=c if r.task == "pooled" else "white", ls="--" if r.algo in marked else "-")  # fmt: skip
+        t_low, t_high = getattr(r, "t_low", np.nan), getattr(r, "t_high", np.nan)
+        if np.isfinite(t_low) and np.isfinite(t_high):
+            welch = True
+            ax.plot([t_low, t_high], [y - 0.25, y - 0.25], color=c, lw=0.9, ls=":", marker="|", ms=5)
     names = [f"{display_text(r.algo)}{' †' * (r.algo in marked)}, {r.task}" for r in reversed(rows)]
     ax.set_yticks(range(len(rows)), names)
     ax.axvline(0, color="k", lw=0.9, ls="--")
-    ax.set_xlabel(xlabel + ("\n" + NOT_LEARNED_CAPTION if any(r.algo in marked for r in rows) else ""))
+    note = "\nsolid: 95% bootstrap; dotted: 95% Welch t" if welch else ""
+    ax.set_xlabel(xlabel + note + ("\n" + NOT_LEARNED_CAPTION if any(r.algo in marked for r in rows) else ""))
     ax.grid(axis="x", alpha=0.3)
     save(fig, path, title)
 
@@ -366,7 +374,8 @@ def plot_tv(path, title, per_task, labels, lags, colors, delta):
 
 def plot_deciles(path, title, dec, colors, delta, algo="vaco"):
     """Post hoc: `algo`'s TV and filter statistics against the training decile, one line per (task, lag), mean ±
-    95% t-interval over runs (darker: larger lag; line style: task); the TV panel shows δ/2 and the ±25% band."""
+    95% t-interval over runs (darker and another marker: larger lag; line style: task); the TV panel shows δ/2 and
+    the ±25% band."""
     from matplotlib.colors import to_rgb
 
     d = dec[(dec.algo == algo) & dec.decile.str.isdigit()] if len(dec) else dec
@@ -383,7 +392,7 @@ def plot_deciles(path, title, dec, colors, delta, algo="vaco"):
                 g.decile.astype(int),
                 g[f"{col}_mean"],
                 yerr=g[f"{col}_ci95"].fillna(0),
-                fmt="o" + ["-", "--", ":", "-."][tasks.index(task) % 4],
+                fmt=["o", "s", "^", "D"][lags.index(lag) % 4] + ["-", "--", ":", "-."][tasks.index(task) % 4],
                 color=color,
                 ms=3,
                 capsize=2,

@@ -169,6 +169,10 @@ def question1(final, reps, seed, clip: str | None) -> tuple[Question, str]:
     for a in ("vaco", p, "ppo"):
         for k in (0, 4, 8):
             q.measure(f"IQM_{k}({a}), two tasks", iqm(final, a, k, TASKS2, reps, seed))
+    for k in (0, 4, 8):  # against the first grid's PPO (ε = 0.2) at every lag, on its two tasks: not criteria
+        q.measure(f"ΔIQM_{k}(vaco, ppo), two tasks", iqm_difference(final, "vaco", "ppo", k, TASKS2, reps, seed))
+        for t, r in difference(final, [(1, "vaco", k), (-1, "ppo", k)], TASKS2, reps, seed).items():
+            q.measure(f"mean_{k}(vaco) − mean_{k}(ppo)", r, t)
     pooled = d.get("pooled")
     q.criterion("supporting", "pooled D_TV: 95% interval above 0", ci(pooled), holds(pooled, lambda r: r["ci_low"] > 0))
     per_task = ", ".join(f"{t} {ci(d.get(t))}" for t in TASKS2)

@@ -497,6 +497,7 @@ def plot_curves(per_step, binned, path, env_id):
 
     matplotlib.use("Agg")
     colors = {"gymnasium": "#252525", "envpool": "#969696"}
+    styles = {"gymnasium": "-", "envpool": "--"}  # told apart without the shade too
     fig, axes = F._figure(1, 2, 3.0, sharey=True)
     for ax, rows, x_key, title in (
         (axes[0][0], per_step, "step", "per logged step"),
@@ -507,7 +508,7 @@ def plot_curves(per_step, binned, path, env_id):
             m = np.array([r[f"{b}_mean"] for r in rows])
             lo = np.array([r[f"{b}_lo"] for r in rows])
             hi = np.array([r[f"{b}_hi"] for r in rows])
-            ax.plot(x, m, color=colors[b], label=f"{b}, mean of seeds")
+            ax.plot(x, m, color=colors[b], ls=styles[b], label=f"{b}, mean of seeds")
             ax.fill_between(x, lo, hi, color=colors[b], alpha=0.2, label=f"{b}, 95% t-interval")
         ax.set_title(title)
         F._step_axis(ax)

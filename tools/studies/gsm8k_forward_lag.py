@@ -36,6 +36,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
+from tools import readings  # noqa: E402
 from tools.grid.aggregate import COLORS, t_interval  # noqa: E402
 from tools.studies.gsm8k_proxy_task import mean_interval, supervise, write_rows  # noqa: E402
 from tools.studies.make_arith_task import make_task  # noqa: E402
@@ -285,23 +286,56 @@ def table_summary(records: dict) -> str:
             )
     lines += [
         "",
-        "VACO − PPO-clip, paired by seed: mean and 95% t-interval " "over seeds of the difference in late accuracy.",
+        "Late − start, read by its 95% t-interval over seeds (tools/readings.py: a direction only when the interval "
+        "excludes 0).",
         "",
-        "| K | seeds | VACO − PPO-clip, late accuracy |",
-        "|---:|---:|---|",
+        "| loss | K | seeds | late − start | reading |",
+        "|---|---:|---:|---|---|",
     ]
-    late = {(r["loss"], r["K"], r["seed"]): r["accuracy_late"] for r in runs}
+    for loss in ["ppo-clip", "vaco"]:
+        for k in sorted({r["K"] for r in runs if r["loss"] == loss}):
+            gains = [r["accuracy_late"] - r["accuracy_start"] for r in runs if r["loss"] == loss and r["K"] == k]
+            lines.append(f"| {loss} | {k} | {len(gains)} | {read(gains, 3, 'gains', 'loses')} |")
+    lines += [
+        "",
+        "VACO − PPO-clip, paired by seed: mean and 95% t-interval over seeds of the difference in late accuracy and "
+        "in final TV, each read by its interval.",
+        "",
+        "| K | seeds | VACO − PPO-clip, late accuracy | reading | VACO − PPO-clip, final TV | reading |",
+        "|---:|---:|---|---|---|---|",
+    ]
+    by_run = {(r["loss"], r["K"], r["seed"]): r for r in runs}
     for k in sorted({r["K"] for r in runs if r["K"] > 1}):
-        seeds = sorted(s for (loss, kk, s) in late if loss == "vaco" and kk == k and ("ppo-clip", k, s) in late)
+        seeds = sorted(s for (loss, kk, s) in by_run if loss == "vaco" and kk == k and ("ppo-clip", k, s) in by_run)
         if seeds:
-            paired = [late["vaco", k, s] - late["ppo-clip", k, s] for s in seeds]
-            lines.append(f"| {k} | {len(seeds)} | {mean_interval(paired)} |")
+            cells = [
+                read(
+                    [by_run["vaco", k, s][key] - by_run["ppo-clip", k, s][key] for s in seeds],
+                    digits,
+                    "VACO higher",
+                    "VACO lower",
+                )
+                for key, digits in (("accuracy_late", 3), ("tv_final", 4))
+            ]
+            lines.append(f"| {k} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def read(values, digits, higher, lower) -> str:
+    """'mean [95% t-interval] | reading' over seeds, by the one reading rule (tools/readings.py); one seed has no
+    interval and no reading."""
+    mean, half, _ = t_interval(values)
+    if np.isnan(half):
+        return f"{readings.number(mean, digits)} | no interval (one seed)"
+    low, high = mean - half, mean + half
+    said = readings.reading(mean, (low, high), higher=higher, lower=lower)
+    return f"{readings.value(mean, low, high, digits)} | {said}"
+
+
 def plot_table(records: dict, path: str):
-    """Four panels: accuracy curves (one line style per K), final accuracy vs K, clipped/filtered share vs K,
-    final TV vs K; PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours, laid out for the documentation's
+    """Six panels: accuracy curves (one line style and marker per K), final accuracy vs K, clipped/filtered share vs K,
+    final TV vs K, and VACO − PPO-clip paired by seed in late accuracy and final TV with the 95% t-interval the
+    readings use (summary.md); PPO-clip and VACO in the MuJoCo figures' PPO and VACO colours, laid out for the documentation's
     column (tools/grid/aggregate_figures.py), PNG and SVG."""
     from pathlib import Path
 
@@ -314,8 +348,9 @@ def plot_table(records: dict, path: str):
     runs = [run_row(r) for r in records.values()]
     lags = sorted({r["K"] for r in runs})
     styles = dict(zip([2, 4, 8, 16, 32], [":", "-.", "--", "-", (0, (5, 1))]))
+    markers = dict(zip([1, 2, 4, 8, 16, 32], ["o", "v", "s", "^", "D", "P"]))  # with the line style, one K per curve
     widths = dict(zip([2, 4, 8, 16, 32], [1.2, 1.2, 1.4, 1.8, 2.0]))
-    figure, grid = F._figure(2, 2, 2.9)
+    figure, grid = F._figure(3, 2, 2.9)
     axes = grid.flat
     for loss, label in [("ppo-clip", "PPO-clip"), ("vaco", "VACO")]:
         for k in lags:
@@ -328,7 +363,8 @@ def plot_table(records: dict, path: str):
                 color, name = LOSS_COLORS[loss], f"{label}, K = {k}"
             steps = sorted({e["step"] for r in chosen for e in r["evals"]})
             means = [np.mean([e["accuracy"] for r in chosen for e in r["evals"] if e["step"] == s]) for s in steps]
-            axes[0].plot(steps, means, linestyle=styles.get(k, "-"), lw=widths.get(k, 1.0), color=color, label=name)
+            axes[0].plot(steps, means, linestyle=styles.get(k, "-"), lw=widths.get(k, 1.0), color=color, label=name,
+                         marker=markers.get(k, "x"), ms=3.5)  # fmt: skip
         present = [k for k in lags if any(r["loss"] == loss and r["K"] == k for r in runs)]
         for axis, key in [(axes[1], "accuracy_late"), (axes[2], "dropped_fraction"), (axes[3], "tv_final")]:
             means, halves = [], []
@@ -353,6 +389,17 @@ def plot_table(records: dict, path: str):
     axes[2].set_yscale("symlog", linthresh=1e-3)  # PPO-clip's fractions are 10-100x smaller than VACO's
     axes[2].set_ylim(bottom=0)  # fractions: a t-interval's lower end below 0 is cut at 0
     axes[3].set(xlabel="forward lag K", ylabel="TV to the behaviour policy", title="final TV")
+    by_run = {(r["loss"], r["K"], r["seed"]): r for r in runs}
+    for axis, key, what in [(axes[4], "accuracy_late", "late accuracy"), (axes[5], "tv_final", "final TV")]:
+        present, means, halves = [], [], []
+        for k in (k for k in lags if k > 1):
+            seeds = [s for (loss, kk, s) in by_run if loss == "vaco" and kk == k and ("ppo-clip", k, s) in by_run]
+            if seeds:
+                mean, half, _ = t_interval([by_run["vaco", k, s][key] - by_run["ppo-clip", k, s][key] for s in seeds])
+                present.append(k), means.append(mean), halves.append(0.0 if np.isnan(half) else half)
+        axis.errorbar(present, means, yerr=halves, color="black", marker="D", capsize=3, ls="none")
+        axis.axhline(0, color="grey", lw=0.8)
+        axis.set(xlabel="forward lag K", ylabel="VACO − PPO-clip", title=f"{what}, paired by seed, 95% t-interval")
     for axis in axes[1:]:
         axis.set_xscale("log", base=2)
         axis.set_xticks(lags, [str(k) for k in lags])

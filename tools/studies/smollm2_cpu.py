@@ -207,6 +207,7 @@ def read_metrics(out: str) -> dict:
 def summarize(args):
     """summary.md from record.json, metrics.csv, eval.csv, completions.json and load.csv."""
     import vaco_gsm8k as V
+    from tools import readings
     from tools.grid.aggregate import t_interval, welch_interval
 
     out = args.out
@@ -226,7 +227,8 @@ def summarize(args):
     trained = [int(row["trained_correct"]) for row in rows]
     difference, half, _ = t_interval([after - before for before, after in zip(base, trained)])
     low, high = difference - half, difference + half
-    shown = "not shown (the interval includes 0)" if low <= 0 <= high else ("a gain" if low > 0 else "a loss")
+    none = "not shown (the interval includes 0)"
+    shown = readings.reading(difference, (low, high), higher="a gain", lower="a loss", none=none)
     formatted = {
         name: sum(V.extract_answer(row[f"{name}_completion"]) is not None for row in rows) / len(rows)
         for name in ("base", "trained")
@@ -234,7 +236,7 @@ def summarize(args):
     half = len(rewards) // 2
     first, last = rewards[:half], rewards[len(rewards) - half :]
     change, change_low, change_high = welch_interval(last, first)
-    reward_shown = "not shown (the interval includes 0)" if change_low <= 0 <= change_high else "shown"
+    reward_shown = readings.reading(change, (change_low, change_high), higher="shown", lower="shown", none=none)
     lines = [
         "# SmolLM2-135M-Instruct on one-line sums, on a CPU",
         "",
