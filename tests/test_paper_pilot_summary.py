@@ -45,7 +45,8 @@ def test_summary_of_made_up_runs(tmp_path):
     v = [x.var(ddof=1) / 2 for x in cells.values()]
     dof = sum(v) ** 2 / sum(vi**2 / 1 for vi in v)
     half = stats.t.ppf(0.975, dof) * np.sqrt(sum(v))
-    assert f"{d:+.3f} [{d - half:+.3f}, {d + half:+.3f}]" in text
+    minus = lambda x: f"{x:+.3f}".replace("-", "\u2212")  # noqa: E731
+    assert f"{minus(d)} [{minus(d - half)}, {minus(d + half)}] (95% Welch t): not shown" in text
 
     sd = np.sqrt(np.mean([x.var(ddof=1) for x in cells.values()]))
     n_interval, n_power = int(np.ceil((1.96 * 2 * sd / 0.1) ** 2)), int(np.ceil(4 * sd**2 * (1.96 + 0.8416) ** 2 / 0.01))

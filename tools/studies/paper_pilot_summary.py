@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.grid.run_records import collect_records
+from tools.readings import reading, value
 
 RECORDS = Path("results/records/paper_pilot")
 GRID_RECORDS = Path("results/records/tier1")  # the evidence grid at 2,048 samples per iteration
@@ -119,8 +120,8 @@ def seeds_needed(sd: float) -> tuple[int, int]:
     return math.ceil((1.96 * 2 * sd / HALF_WIDTH) ** 2), math.ceil(4 * sd**2 * Z_POWER**2 / EFFECT**2)
 
 
-def fmt(x, digits=3, sign=False) -> str:
-    return "n/a" if not np.isfinite(x) else f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+def fmt(x, digits=3) -> str:
+    return "n/a" if not np.isfinite(x) else f"{x:.{digits}f}"
 
 
 def summary_markdown(rows, grid, grid_filter_fractions) -> str:
@@ -146,9 +147,9 @@ def summary_markdown(rows, grid, grid_filter_fractions) -> str:
     samples = {cell: [r["final_score"] for r in runs] for cell, runs in by_cell.items()}
     if all(len(x) >= 2 for x in samples.values()):
         d, lo, hi = contrast(samples)
-        out.append(
-            f"D = (VACO lag 8 − lag 0) − (PPO lag 8 − lag 0), final score: {fmt(d, sign=True)} [{fmt(lo, sign=True)}, {fmt(hi, sign=True)}] (95% Welch t interval)"
-        )
+        # Two seeds per cell give no bootstrap interval worth the name: D is read by its Welch interval alone.
+        words = reading(d, (lo, hi), higher="VACO loses less", lower="VACO loses more")
+        out.append(f"D = (VACO lag 8 − lag 0) − (PPO lag 8 − lag 0), final score: {value(d, lo, hi)} (95% Welch t): {words}")
         sd_here, sd_grid = pooled_sd(samples), pooled_sd(grid)
         n_interval, n_power = seeds_needed(sd_here)
         hours = float(np.mean([r["cpu_hours"] for r in rows]))
