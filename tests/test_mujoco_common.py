@@ -379,6 +379,7 @@ def start_and_signal(script, run_dir, sig, *args):
     cmd = [sys.executable, str(ROOT / f"{script}.py"), *TINY, *args, "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=SUBPROCESS_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == f"run folder: {run_dir}\n"
+    assert proc.stdout.readline() == "device: cpu\n"
     assert proc.stdout.readline().startswith("[1/")  # training is under way
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
