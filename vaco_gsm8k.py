@@ -93,6 +93,7 @@ import time
 import typing
 import urllib.parse
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -1407,6 +1408,7 @@ def trainable_policy(model, args: Args):
     if args.lora_r:
         import peft
 
+        warnings.filterwarnings("ignore", module=r"peft(\.|$)")  # a quiet log, as transformers' (its save's guesses)
         modules = args.lora_target_modules
         targets = modules if modules == "all-linear" else [name.strip() for name in modules.split(",")]
         config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets)
