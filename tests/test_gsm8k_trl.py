@@ -409,3 +409,12 @@ def test_lora_target_modules_that_are_not_there_one_line_and_nothing_left(tiny, 
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and err.startswith("error: --lora-target-modules no_such_proj:") and "\n" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_reference_only_with_beta_and_frozen(tiny):
+    model, _ = V.load_model_and_tokenizer(tiny["llama"])
+    assert V.trainable_policy(model, V.Args()) == (model, None)  # beta 0: no reference in memory
+    same, reference = V.trainable_policy(model, V.Args(beta=0.1))
+    assert same is model and reference is not model and not reference.training
+    assert not any(p.requires_grad for p in reference.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
