@@ -587,6 +587,8 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("iter ") == 2 and result.stdout.count("eval step") == 3
+    order = [line.split(":")[0][:10] for line in result.stdout.splitlines() if line.startswith(("iter ", "eval "))]
+    assert order == ["eval step ", "iter 1/2 s", "eval step ", "iter 2/2 s", "eval step "], order  # each after its iteration
     assert "it/s" not in result.stderr + result.stdout and "Warning" not in result.stderr  # quiet: no progress bars
 
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "gsm8k__vaco_gsm8k__vaco__1__*"))
@@ -596,7 +598,7 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     ppo_only = {"losses/clipfrac", "losses/clip_ratio_low", "losses/clip_ratio_high"}
-    expected = set(V.STEP_TAGS.values()) - ppo_only | set(V.ITERATION_TAGS.values())
+    expected = set(V.STEP_TAGS.values()) - ppo_only - {"losses/reference_kl"} | set(V.ITERATION_TAGS.values())  # --beta
     expected |= {"eval/accuracy", "eval/format_rate", "perf/generation_seconds", "perf/other_seconds"}
     assert expected <= tags, expected - tags
     assert not ppo_only & tags  # PPO-clip statistics
@@ -628,7 +630,10 @@ def bad_input_cases(tmp_path, tiny):
         (["--learning-rate", "nan"], "--learning-rate must be in [1e-10, 1]"),
         (["--max-grad-norm", "inf"], "--max-grad-norm must be in [1e-6, 1e6]"),
         (["--final-tv-fraction", "1.5"], "--final-tv-fraction must be in [0, 1]"),
-        (["--total-steps", "5", "--forward-lag", "2"], "--total-steps (5) must be a multiple of --forward-lag (2)"),
+        (
+            ["--total-steps", "5", "--forward-lag", "2"],
+            "--total-steps (5) must be a multiple of --forward-lag x --num-epochs (2)",
+        ),
         (["--data-file", str(tmp_path)], "is a directory"),
         (["--run-dir", str(a_file / "sub")], "is under a file"),
         (["--run-dir", str(a_file)], "is a file"),
