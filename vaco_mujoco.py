@@ -493,7 +493,8 @@ def main(args):
 
 
 # ==================================================================================================
-# The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it).
+# The run's plumbing: identical in all four MuJoCo scripts: edit it here, in ppo_mujoco.py, then copy it into the
+# others with `python -m tools.sync_plumbing` (tests/test_mujoco_common.py checks it).
 # Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================

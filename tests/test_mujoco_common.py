@@ -30,6 +30,8 @@ from conftest import (
     run_in_process,
     run_script,
 )
+from tools import sync_plumbing
+from tools.sync_plumbing import plumbing_section
 
 COMMON_KEYS = {
     "charts/episodic_return",
@@ -192,8 +194,6 @@ def test_wandb_sweep_style_arguments(script):
     assert module.parse_args(["--no-anneal-lr"]).anneal_lr is False
 
 
-PLUMBING_START = "# The run's plumbing: identical in all four MuJoCo scripts"
-PLUMBING_END = "# End of the run's plumbing."
 # The algorithm's building blocks that every script shares (they read with the algorithm, above the plumbing).
 SHARED_BLOCKS = {
     "layer_init",
@@ -204,16 +204,6 @@ SHARED_BLOCKS = {
     "scale_rewards",
     "value_loss",
 }
-
-
-def plumbing_section(text):
-    """The lines from the plumbing's opening banner to its closing one, both included; None if either is missing."""
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_START)]
-    ends = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_END)]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        return None
-    return "\n".join(lines[starts[0] - 1 : ends[0] + 2])
 
 
 def top_level_names(source):
@@ -258,9 +248,28 @@ def test_plumbing_section_check_fails_on_a_drift_or_a_missing_banner():
     text = (ROOT / "ppo_mujoco.py").read_text()
     section = plumbing_section(text)
     assert section is not None and "def check_args" in section and "class Agent" not in section
-    assert plumbing_section(text.replace(PLUMBING_END, "# the end")) is None
+    assert plumbing_section(text.replace(sync_plumbing.END, "# the end")) is None
+    assert plumbing_section(text + sync_plumbing.START + "\n") is None
     drifted = text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1)
     assert plumbing_section(drifted) != section
+
+
+def test_sync_plumbing_copies_ppos_plumbing_and_check_finds_a_drift(tmp_path):
+    """The one command that copies the plumbing: --check names a drifted script and exits 1, the copy mends it and
+    touches nothing outside the plumbing; the repository's scripts pass --check."""
+    check = subprocess.run([sys.executable, "-m", "tools.sync_plumbing", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for script in MUJOCO_SCRIPTS:
+        shutil.copy(ROOT / f"{script}.py", tmp_path)
+    drifted = tmp_path / "spo_mujoco.py"
+    original = drifted.read_text()
+    drifted.write_text(original.replace("ENVPOOL_FROM_NUM_ENVS = 4", "ENVPOOL_FROM_NUM_ENVS = 5").replace("SPO", "Spo", 1))
+    assert sync_plumbing.sync(tmp_path, check=True) == ["spo_mujoco"]
+    assert sync_plumbing.sync(tmp_path) == ["spo_mujoco"] and sync_plumbing.sync(tmp_path, check=True) == []
+    assert drifted.read_text() == original.replace("SPO", "Spo", 1)  # the algorithm's part is the script's own
+    drifted.write_text(original.replace(sync_plumbing.END, "# the end"))
+    with pytest.raises(ValueError, match="spo_mujoco.py: no single pair of plumbing banners"):
+        sync_plumbing.sync(tmp_path)
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
