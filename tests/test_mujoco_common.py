@@ -71,7 +71,19 @@ BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v9"], "unknown env id: 'NoSuchEnv-v9' (not in gymnasium", None),
     (["--env-id", "Hopper-v2", "--env-backend", "envpool"], "'Hopper-v2' (a gymnasium id: try --env-backend gymnasium)", None),
     (["--env-id", "Hopper-v2"], "Hopper-v2 cannot be built: ImportError", None),  # auto: EnvPool lacks it
-    (["--num-envs", "0"], "--num-envs must be > 0, got 0", None),
+    (["--num-envs", "0"], "--num-envs must be in [1, 65536] (the paper's runs take 500), got 0", None),
+    (["--num-envs", str(10**9), "--total-timesteps", str(10**12)], "--num-envs must be in [1, 65536]", None),
+    (
+        ["--num-envs", "4", "--num-steps", str(2**40), "--total-timesteps", str(2**42)],  # a batch of 2**42 steps
+        "--num-envs x --num-steps is a batch of 4,398,046,511,104 steps: about ",
+        None,
+    ),
+    (["--env-backend", "gymnasium", "--env-threads", "7"], "--env-threads 7 sets EnvPool's threads", None),
+    (["--run-dir", ""], "--run-dir must name a folder, got ''", None),
+    (["--resume", "--run-dir", ""], "--run-dir must name a folder, got ''", None),
+    (["--overwrite"], "--overwrite needs --run-dir: the folder of the run to replace", None),
+    (["--exp-name", "x\udcff"], "--exp-name is not valid UTF-8: b'x\\xff'", None),  # the bytes x, 0xff from a shell
+    (["--wandb-entity", "\udce9"], "--wandb-entity is not valid UTF-8: b'\\xe9'", None),
     (["--update-epochs", "0"], "--update-epochs must be in [1, 1000], got 0", None),
     (["--update-epochs", str(2**64)], f"--update-epochs must be in [1, 1000], got {2**64}", None),  # it would never end
     (["--eval-episodes", str(2**64)], f"--eval-episodes must be in [0, 10000], got {2**64}", None),
@@ -127,7 +139,7 @@ BAD_INPUT = [
         None,
     ),
     (["--num-envs", "1", "--num-steps", "32"], "a minibatch of 1 sample cannot be normalised (--norm-adv)", None),
-    (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
+    (["--num-envs", "65536", "--num-steps", "2000"], "--total-timesteps 100000000 is less than one batch (131072000", None),
     (["--run-dir", "/etc/hostname/run"], "--run-dir /etc/hostname/run: /etc/hostname is not a writable folder", None),
     (["--resume", "--run-dir", "/nonexistent/run"], "/nonexistent/run holds no run (no run.json)", None),
 ]
@@ -160,13 +172,17 @@ def test_bad_input_is_one_line_and_exit_2(script, argv, message, capsys):
         (["--capture-video"], {"MUJOCO_GL": None, "DISPLAY": None}, r"error: --capture-video: no OpenGL renderer .*\n"),
         (["--lag-mode", "bogus"], {}, r"error: invalid choice 'bogus' for argument '--lag-mode'\. .*\n"),
         (["--seed", str(2**64)], {}, r"error: --seed must be in \[0, 2\*\*31\), got \d+\n"),
+        (["--exp-name", b"\xff"], {}, r"error: --exp-name is not valid UTF-8: b'\\xff'\n"),
+        (["--exp-name", "\u20ac" * 100, "--save-model"], {}, r"error: --exp-name makes the model file's name 318 bytes .*\n"),
+        (["--num-steps", str(2**40), "--total-timesteps", str(2**42)], {}, r"error: .* more than this machine's .*\n"),
         (
             ["--env-id", "Ant-v3", "--env-backend", "envpool", "--eval-episodes", "1"],
             {},
             r"error: the evaluation runs on gymnasium: .*\n",
         ),
     ],
-    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer", "tyro-error", "huge-seed", "eval-env"],
+    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer", "tyro-error", "huge-seed", "not-utf8", "long-name"]
+    + ["huge-batch", "eval-env"],
 )
 @pytest.mark.parametrize("script", existing_scripts())
 def test_bad_input_exits_before_work_in_a_subprocess(script, argv, env, message, tmp_path):
@@ -513,8 +529,8 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--lag", "3", "--gamma", "0.9"])
     assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change gamma, lag\n"
-    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--env-threads", "2"])
-    assert args.save_model and args.env_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
+    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--torch-threads", "2"])
+    assert args.save_model and args.torch_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
     # --overwrite replaces the run: nothing of the first one is left.
     first_events = set(tmp_path.glob("events.out.tfevents.*"))
     run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)
