@@ -788,7 +788,8 @@ def check_run_dir(args):
             raise ValueError(
                 f"{run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
             )
-    recorded = read_run_record(run_dir).get("files") if args.resume or "run.json" in names else []
+    # Without run.json the names tell a run of an earlier version (the patterns of written_by_a_run) from other files.
+    recorded = read_run_record(run_dir).get("files") if args.resume or "run.json" in names else None
     model = f"{args.exp_name}.cleanrl_model"
     if args.resume and args.save_model and model in names and recorded is not None and model not in recorded:
         raise ValueError(f"{run_dir} holds {model}, which the run did not write: move it away, or resume without --save-model")
