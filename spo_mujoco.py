@@ -441,7 +441,8 @@ def main(args):
 
 
 # ==================================================================================================
-# The run's plumbing: identical in all four MuJoCo scripts (tests/test_mujoco_common.py checks it).
+# The run's plumbing: identical in all four MuJoCo scripts: edit it here, in ppo_mujoco.py, then copy it into the
+# others with `python -m tools.sync_plumbing` (tests/test_mujoco_common.py checks it).
 # Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
 # evaluation: nothing below is the algorithm, which reads above (the functions and main).
 # ==================================================================================================
@@ -460,6 +461,7 @@ import logging
 import re
 import shutil
 import socket
+import stat
 import threading
 import typing
 import uuid
@@ -478,7 +480,8 @@ Normal.set_default_validate_args(False)
 # TensorBoard's int64 step) or where a count stops describing a run that ends, not what is useful.
 CHECKS = [
     (("seed", "lag"), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("num_envs", "num_steps"), lambda v: v > 0, "> 0"),
+    (("num_envs",), lambda v: 0 < v <= 2**16, "in [1, 65536] (the paper's runs take 500)"),  # the envs are built first
+    (("num_steps",), lambda v: v > 0, "> 0"),
     (("total_timesteps",), lambda v: 0 < v < 2**63, "in [1, 2**63)"),
     (("eval_episodes",), lambda v: 0 <= v <= 10_000, "in [0, 10000]"),
     (("checkpoint_every",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
@@ -500,9 +503,12 @@ CHECKPOINT_KEYS = set(
 # and gives it an id, which each of its checkpoints repeats: a folder holds a run when it has run.json.
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 RUN_FORMAT = 1
-# What a run writes in its folder, besides TensorBoard's events.out.tfevents.*, the model (*.cleanrl_model),
+# What a run writes in its folder, besides the files its run.json records as written (TensorBoard's events, the model),
 # videos/, wandb/ (--track) and the temporary *.tmp of each: --overwrite removes these and nothing else.
 RUN_FILES = {"run.json", "args.json", "checkpoint.pt", "checkpoint.prev.pt", "summary.json", "run.lock"}
+# Bytes per step of the batch that the rollout and the update hold at once, besides 4-byte floats per observation and
+# action dimension (check_args): the critic's two hidden layers over the batch and the per-step scalars.
+STEP_BYTES = 4 * (2 * 64 + 16)
 # A checkpoint file: a header line of this many bytes (JSON: script, format, run id and the SHA-256 of the
 # rest), then torch.save's bytes.
 CHECKPOINT_HEADER_BYTES = 256
@@ -572,8 +578,22 @@ def env_spaces(env_id, env_backend):
     return probe.action_space, probe.observation_space
 
 
+def check_text(args):
+    """Every text flag is UTF-8 (undecodable bytes of the command line reach Python as surrogates, which no file name,
+    log or JSON takes), and a given --run-dir names a folder (an empty one would be the default folder)."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        try:
+            value.encode() if isinstance(value, str) else None
+        except UnicodeEncodeError:
+            raise ValueError(f"--{field.name.replace('_', '-')} is not valid UTF-8: {os.fsencode(value)!r}")
+    if args.run_dir == "":
+        raise ValueError("--run-dir must name a folder, got ''")
+
+
 def check_args(args: Args) -> None:
     """Raise ValueError with a one-line message for input that cannot run, before any env, model or file is made."""
+    check_text(args)
     for names, rule, meaning in CHECKS + ALGORITHM_CHECKS:
         for name in names:
             if not rule(getattr(args, name)):
@@ -588,6 +608,10 @@ def check_args(args: Args) -> None:
         raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.capture_video and args.env_backend == "envpool":
         raise ValueError("--capture-video needs --env-backend gymnasium")
+    if args.env_threads > 1 and args.env_backend == "gymnasium":
+        raise ValueError(
+            f"--env-threads {args.env_threads} sets EnvPool's threads: the gymnasium backend steps its envs in one"
+        )
     if args.overlap and (args.lag_mode != "fixed" or args.lag < 1 or args.torch_threads != 1):
         raise ValueError("--overlap needs --lag-mode fixed and --lag >= 1 (the next policy known early), --torch-threads 1")
     action_space, observation_space = env_spaces(args.env_id, args.env_backend)
@@ -596,6 +620,14 @@ def check_args(args: Args) -> None:
         raise ValueError(f"{args.env_id} has a {kind} action space; only continuous (Box) is supported")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise ValueError(f"{args.env_id} needs a flat Box observation space, got {observation_space}")
+    # The batch's observations and actions, held four times each (the rollout's buffers, the update's copies).
+    need = args.batch_size * (16 * (observation_space.shape[0] + action_space.shape[0]) + STEP_BYTES)
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > have:
+        raise ValueError(
+            f"--num-envs x --num-steps is a batch of {args.batch_size:,} steps: about {need / 2**30:,.1f} GiB, more than "
+            f"this machine's {have / 2**30:,.1f} GiB of memory"
+        )
     if args.eval_episodes and args.env_backend == "envpool":
         try:  # evaluate() runs on gymnasium, which may lack an id that EnvPool has (e.g. the -v3 tasks)
             env_spaces(args.env_id, "gymnasium")
@@ -620,18 +652,29 @@ def check_args(args: Args) -> None:
         raise ValueError("--auto-resume and --overwrite exclude each other")
     if args.auto_resume and not args.run_dir:
         raise ValueError("--auto-resume needs --run-dir: a folder named by the run (e.g. runs/Hopper-v5__ppo__lag4__s1)")
+    if args.overwrite and not args.run_dir:
+        raise ValueError("--overwrite needs --run-dir: the folder of the run to replace")
     check_run_dir(args)
 
 
-def written_by_a_run(run_dir, name):
-    """Whether the entry `name` of run_dir is one that a run of this script writes (RUN_FILES and the rest)."""
+def written_by_a_run(run_dir, name, recorded):
+    """Whether the entry `name` of run_dir is one that the folder's run wrote: RUN_FILES, the files its run.json records
+    (`recorded`), the *.tmp of each, videos/ and wandb/; a link never is. recorded None: a run.json of an earlier
+    version, which records none (then any events file and model file counts)."""
     path, name = f"{run_dir}/{name}", name.removesuffix(".tmp")
     if name == "videos" and os.path.isdir(path) and not os.path.islink(path):
         return all(re.fullmatch(r"rl-video-[\w-]*\.mp4", video) for video in os.listdir(path))
     if name == "wandb" and os.path.isdir(path) and not os.path.islink(path):
         return all(re.fullmatch(WANDB_ENTRY, entry) for entry in os.listdir(path))
-    is_file = os.path.isfile(path) and not os.path.islink(path)
-    return is_file and (name in RUN_FILES or name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model"))
+    if recorded is None:
+        recorded = [name] if name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model") else []
+    return os.path.isfile(path) and not os.path.islink(path) and (name in RUN_FILES or name in recorded)
+
+
+def is_linked(path):
+    """Whether writing to `path` would write elsewhere too: a symbolic link, or a file with other names (hard links)."""
+    found = os.lstat(path)
+    return stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1)
 
 
 def read_json(path):
@@ -657,7 +700,60 @@ def read_run_record(run_dir):
         raise ValueError(f"{run_dir} holds a run of {record['script']}.py, not of {SCRIPT}.py")
     if record["format"] != RUN_FORMAT:
         raise ValueError(f"{run_dir} holds a run in format {record['format']}; this version reads format {RUN_FORMAT}")
+    # What a run.json of this version also records (record_written, start_run); one of an earlier version lacks them.
+    files, digests = record.get("files", []), record.get("args_sha256", {})
+    names = isinstance(files, list) and all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in files)
+    if not names or not (isinstance(digests, dict) and all(isinstance(d, str) for d in digests.values())):
+        raise ValueError(f"{path} is not a run record (its files or args_sha256 are altered)")
     return record
+
+
+def record_written(run_dir, name):
+    """Add `name` to the files that run_dir's run.json records as written by the run (before the file is written, so
+    that --overwrite finds it whatever happens next); a run.json of an earlier version records none and stays."""
+    try:
+        record = read_run_record(run_dir)
+    except ValueError as e:  # run.json removed or altered while the run was going
+        raise SystemExit(f"error: {e}; the run cannot record the files it writes")
+    if "files" in record and name not in record["files"]:
+        write_json(f"{run_dir}/run.json", {**record, "files": [*record["files"], name]})
+
+
+def args_digests(saved):
+    """The SHA-256 of each argument as args.json holds it: run.json keeps them from the run's start, so that a resume
+    finds an argument changed by hand since."""
+    return {name: hashlib.sha256(json.dumps(value).encode()).hexdigest() for name, value in saved.items()}
+
+
+def name_limit(folder):
+    """The longest file name, in bytes, that the file system holding `folder` takes."""
+    with contextlib.suppress(OSError, ValueError):
+        return os.pathconf(folder, "PC_NAME_MAX")
+    return 255
+
+
+def default_run_name(args):
+    """The default run folder's name (runs/<it>, or <it>-2, -3, ... where it is taken)."""
+    return f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def lock_holder(run_dir):
+    """What run_dir's run.lock says of the process that holds it, or None where no other process does; takes no lock and
+    writes nothing. (A lock this process holds is not tested: closing any descriptor of the file would release it.)"""
+    path = f"{run_dir}/run.lock"
+    with contextlib.suppress(OSError):
+        found = os.lstat(path)
+        if any(os.path.samestat(found, os.fstat(fd)) for fd in RUN_LOCKS.values()):
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
+        finally:
+            os.close(fd)
+    return None
 
 
 def check_run_dir(args):
@@ -669,16 +765,35 @@ def check_run_dir(args):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ValueError(f"--run-dir {run_dir}: {parent} is not a writable folder")
+    limit = name_limit(parent)
+    if any(len(os.fsencode(part)) > limit for part in os.path.abspath(run_dir).split("/")):
+        raise ValueError(f"--run-dir {run_dir}: a name in it is longer than the {limit} bytes that the file system takes")
+    # The file names that --exp-name makes: the model's (and its .tmp), the default folder's (room for a -99 suffix).
+    made = [(f"{args.exp_name}.cleanrl_model.tmp", "the model file's name")] if args.save_model else []
+    made += [] if args.run_dir else [(f"{default_run_name(args)}-99", "the run folder's name")]
+    for name, what in made:
+        if len(os.fsencode(name)) > limit:
+            raise ValueError(f"--exp-name makes {what} {len(os.fsencode(name))} bytes long; the file system takes {limit}")
     if not args.run_dir or not os.path.exists(run_dir):
         if args.resume:
             raise ValueError(f"{run_dir} holds no run (no run.json)")
         return
     names = sorted(os.listdir(run_dir))
-    if args.resume or "run.json" in names:
-        read_run_record(run_dir)
+    # What a run opens for writing under a name it reuses (the lock, a *.tmp, videos/): never a link out of the folder.
+    videos = [f"videos/{name}" for name in os.listdir(f"{run_dir}/videos")] if os.path.isdir(f"{run_dir}/videos") else []
+    for name in [name for name in names if name in ("run.lock", "videos") or name.endswith(".tmp")] + videos:
+        if is_linked(f"{run_dir}/{name}"):
+            raise ValueError(
+                f"{run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
+            )
+    # Without run.json the names tell a run of an earlier version (the patterns of written_by_a_run) from other files.
+    recorded = read_run_record(run_dir).get("files") if args.resume or "run.json" in names else None
+    model = f"{args.exp_name}.cleanrl_model"
+    if args.resume and args.save_model and model in names and recorded is not None and model not in recorded:
+        raise ValueError(f"{run_dir} holds {model}, which the run did not write: move it away, or resume without --save-model")
     if args.resume:
         return
-    others = [name for name in names if not written_by_a_run(run_dir, name)]
+    others = [name for name in names if not written_by_a_run(run_dir, name, recorded)]
     listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
     if "run.json" not in names:
         if not others and all(name == "run.lock" or name.endswith(".tmp") for name in names):
@@ -717,8 +832,10 @@ def type_words(kind):
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
 
 
-def read_saved_args(path):
-    """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped."""
+def read_saved_args(run_dir):
+    """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped, or
+    the keys changed since the run started (the digests in run.json)."""
+    path = f"{run_dir}/args.json"
     if not os.path.isfile(path):
         never = never_started(os.path.dirname(path))
         raise ValueError(
@@ -736,6 +853,13 @@ def read_saved_args(path):
     for name, kind in kinds.items():
         if not json_fits(saved[name], kind):
             raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])}")
+    started = read_run_record(run_dir).get("args_sha256")
+    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
+    if changed:
+        raise ValueError(
+            f"{path} has changed since the run started ({', '.join(changed)}): put it back; a run's arguments change only "
+            "on the command line, where --resume allows"
+        )
     return Args(**saved)
 
 
@@ -826,11 +950,16 @@ def parse_args(argv=None) -> Args:
     """tyro CLI plus check_args; writes nothing. Bad input prints one `error:` line and exits with code 2."""
     argv = normalise_bool_flags(sys.argv[1:] if argv is None else argv)
     try:
-        args = in_a_sweep(tyro_cli(argv))
+        args = tyro_cli(argv)
+        check_text(args)
+        args = in_a_sweep(args)
+        holder = args.run_dir and lock_holder(args.run_dir)
+        if holder:  # whatever else would be said of the folder, its run is in progress
+            raise ValueError(f"{args.run_dir} is in use by {holder}")
         if args.resume and args.run_dir and not args.overwrite:
             # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
             read_run_record(args.run_dir)
-            saved = read_saved_args(f"{args.run_dir}/args.json")
+            saved = read_saved_args(args.run_dir)
             saved = dataclasses.replace(saved, resume=False, overwrite=False)
             args = tyro_cli(argv, default=saved)
             saved_values = dataclasses.asdict(saved).items()
@@ -857,7 +986,7 @@ def resume_if_same_run(args):
     read_run_record(args.run_dir)
     if never_started(args.run_dir):
         return args
-    saved = dataclasses.asdict(read_saved_args(f"{args.run_dir}/args.json"))
+    saved = dataclasses.asdict(read_saved_args(args.run_dir))
     changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in dataclasses.asdict(args).items() if v != saved[k]]
     changed = [words for words in changed if words.split()[0] not in RESUME_MAY_CHANGE]
     if changed:
@@ -881,11 +1010,35 @@ def refuse(message):
     raise SystemExit(2)
 
 
+class LinkedFile(OSError):
+    """A file of the run folder that open_own_file does not write: a link, or not a regular file."""
+
+
+def open_own_file(path, flags):
+    """os.open of a file of the run folder, never through a link: a symbolic link is refused (O_NOFOLLOW), and so is
+    what is not a regular file of one name (a hard link's data is also a file elsewhere); LinkedFile then. Opened
+    without O_TRUNC, so that nothing is cut before the check."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise LinkedFile(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+    found = os.fstat(fd)
+    if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:
+        return fd
+    os.close(fd)
+    what = f"a hard link ({found.st_nlink} names)" if stat.S_ISREG(found.st_mode) else "not a regular file"
+    raise LinkedFile(errno.EMLINK, f"{path} is {what}, which a run writes nothing through", path)
+
+
 def write_atomically(path, data, previous=None):
     """`path` holds its old bytes or `data`, never a part of them: written to path.tmp, flushed to disk and
-    renamed (the old file renamed to `previous` first, where given). A failure leaves no .tmp behind."""
+    renamed (the old file renamed to `previous` first, where given). A failure leaves no .tmp behind (but a link)."""
+    fd = open_own_file(f"{path}.tmp", os.O_WRONLY | os.O_CREAT)
     try:
-        with open(f"{path}.tmp", "wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            f.truncate()  # what a killed write left
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave a renamed but empty file
@@ -922,7 +1075,10 @@ def writing(path):
 def lock_run_dir(run_dir):
     """Take run_dir's lock, run.lock (a POSIX lock: held until the process ends, however it ends, and honoured
     over NFS). Returns None, or what the lock file says of the process that holds it."""
-    fd = os.open(f"{run_dir}/run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_own_file(f"{run_dir}/run.lock", os.O_RDWR | os.O_CREAT)
+    except LinkedFile as e:
+        raise ValueError(f"{e.strerror}: remove it, or choose another --run-dir")
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -971,12 +1127,14 @@ def release_run_dir(run_dir, undo=None):
 
 
 def remove_run_files(run_dir, wandb_id):
-    """--overwrite: delete the run that run_dir holds (check_run_dir: nothing else), file by file. The folder, its lock
-    and the files of the new wandb run `wandb_id` stay (wandb starts first, so that its refusal leaves the old run)."""
+    """--overwrite: delete the run that run_dir holds (check_run_dir: nothing else), file by file: what its run.json
+    records. The folder, its lock and the files of the new wandb run `wandb_id` stay (wandb starts first, so that its
+    refusal leaves the old run)."""
+    recorded = read_run_record(run_dir).get("files") if os.path.exists(f"{run_dir}/run.json") else []
     for name in os.listdir(run_dir):
-        if name == "wandb" and written_by_a_run(run_dir, name):
+        if name == "wandb" and written_by_a_run(run_dir, name, recorded):
             remove_wandb_files(run_dir, keep=wandb_id)
-        elif name != "run.lock" and written_by_a_run(run_dir, name):
+        elif name != "run.lock" and written_by_a_run(run_dir, name, recorded):
             (shutil.rmtree if name == "videos" else os.remove)(f"{run_dir}/{name}")
 
 
@@ -1011,7 +1169,7 @@ def start_run(args):
     if args.resume and run_has_finished(args.run_dir):
         print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
         sys.exit(0)
-    run_name = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = default_run_name(args)
     try:
         run_dir, created = claim_run_dir(args, run_name)
     except ValueError as e:
@@ -1050,10 +1208,12 @@ def start_run(args):
         if not args.resume:
             replacing = True  # from here on the folder's old run (--overwrite) is being deleted
             remove_run_files(run_dir, wandb_id)
-            run_record = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "wandb_id": wandb_id}
-            write_json(f"{run_dir}/run.json", run_record)
             # the folder it is in, not how it was spelled
-            write_json(f"{run_dir}/args.json", dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir))))
+            saved = dataclasses.asdict(dataclasses.replace(args, run_dir=os.path.abspath(run_dir)))
+            run_record = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "wandb_id": wandb_id}
+            run_record |= {"files": [], "args_sha256": args_digests(saved)}
+            write_json(f"{run_dir}/run.json", run_record)
+            write_json(f"{run_dir}/args.json", saved)
     except (OSError, ValueError) as e:
         if wandb_id and not args.resume:
             remove_wandb_files(run_dir, only=wandb_id)
@@ -1071,7 +1231,10 @@ def start_run(args):
     if args.resume:
         purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
     with writing(run_dir):
+        before = set(os.listdir(run_dir))
         writer = SummaryWriter(run_dir, purge_step=purge_step)
+        for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
+            record_written(run_dir, name)
         table = "\n".join(f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     if args.track and checkpoint is not None:
@@ -1431,6 +1594,7 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
             {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)}, model
         )
         with writing(model_path):
+            record_written(run_dir, os.path.basename(model_path))
             write_atomically(model_path, model.getvalue())
         print(f"model saved to {model_path}")
 

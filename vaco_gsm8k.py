@@ -1176,6 +1176,12 @@ def schedule_change(args: Args, saved: dict) -> Optional[str]:
 
 def check_args(args: Args) -> None:
     """Raise ValueError with a one-line message for flags that cannot run. Read-only: nothing is made or written."""
+    for field in dataclasses.fields(args):  # undecodable bytes of the command line reach Python as surrogates
+        value = getattr(args, field.name)
+        try:
+            value.encode() if isinstance(value, str) else None
+        except UnicodeEncodeError:
+            raise ValueError(f"{flag(field.name)} is not valid UTF-8: {os.fsencode(value)!r}")
     for names, rule, meaning in CHECKS:
         for name in names:
             if not rule(getattr(args, name)):
@@ -1633,16 +1639,67 @@ HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then 
 VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
 
 
-def own_entry(folder: str, name: str) -> bool:
+def own_entry(folder: str, name: str, recorded: Optional[list] = None) -> bool:
     """Whether `name` in `folder` is something a run of this script writes: its files, their `.tmp` versions, the
-    TensorBoard files and the model folders. A link never is (it is the user's)."""
+    model folders, and the TensorBoard files that run.json records as written (`recorded`; None: any, as a run.json of
+    an earlier version records none, or a start's own new entries). A link never is (it is the user's)."""
     path = os.path.join(folder, name)
     if os.path.islink(path):
         return False
     if name in OWN_FOLDERS:
         return os.path.isdir(path)
     base = name[: -len(".tmp")] if name.endswith(".tmp") else name
-    return not os.path.isdir(path) and (base in OWN_FILES or base.startswith(EVENTS_PREFIX))
+    events = base.startswith(EVENTS_PREFIX) and (recorded is None or base in recorded)
+    return not os.path.isdir(path) and (base in OWN_FILES or events)
+
+
+def is_linked(path: str) -> bool:
+    """Whether writing to `path` would write elsewhere too: a symbolic link, or a file with other names (hard links)."""
+    found = os.lstat(path)
+    return stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1)
+
+
+def open_own_file(path: str, flags: int) -> int:
+    """os.open of a file of the run folder, never through a link: a symbolic link is refused (O_NOFOLLOW), and so is
+    what is not a regular file of one name (a hard link's data is also a file elsewhere), with an OSError that says
+    so. Opened without O_TRUNC, so that nothing is cut before the check."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+    found = os.fstat(fd)
+    if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:
+        return fd
+    os.close(fd)
+    what = f"a hard link ({found.st_nlink} names)" if stat.S_ISREG(found.st_mode) else "not a regular file"
+    raise OSError(errno.EMLINK, f"{path} is {what}, which a run writes nothing through", path)
+
+
+def args_digests(saved: dict) -> dict:
+    """The SHA-256 of each argument as args.json holds it: run.json keeps them from the run's start, so that a resume
+    finds an argument changed by hand since."""
+    return {name: hashlib.sha256(json.dumps(value).encode()).hexdigest() for name, value in saved.items()}
+
+
+def lock_holder(run_dir: str) -> Optional[str]:
+    """What run_dir's run.lock says of the process that holds it, or None where no other process does; takes no lock and
+    writes nothing. (The lock this process holds is not tested: closing any descriptor of the file would release it.)"""
+    path = os.path.join(run_dir, LOCK_FILE)
+    with contextlib.suppress(OSError):
+        found = os.lstat(path)
+        if HELD_LOCK["fd"] is not None and os.path.samestat(found, os.fstat(HELD_LOCK["fd"])):
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EAGAIN):
+                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
+        finally:
+            os.close(fd)
+    return None
 
 
 def leftover(folder: str, name: str) -> bool:
@@ -1681,7 +1738,20 @@ def read_run(folder: str) -> dict:
         raise ValueError(f"{folder} holds a run of {run['script']}, not of {SCRIPT}")
     if run["format"] != RUN_FORMAT:
         raise ValueError(f"{folder} holds a run of format {run['format']}; this script reads format {RUN_FORMAT}")
+    # What a run.json of this version also records (write_run_files, record_written); one of an earlier version lacks them.
+    files, digests = run.get("files", []), run.get("args_sha256", {})
+    names = isinstance(files, list) and all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in files)
+    if not names or not (isinstance(digests, dict) and all(isinstance(d, str) for d in digests.values())):
+        raise ValueError(f"{path} is not a run description (its files or args_sha256 are altered)")
     return run
+
+
+def record_written(run_dir: str, name: str):
+    """Add `name` to the files that run_dir's run.json records as written by the run; a run.json of an earlier version
+    records none and stays."""
+    run = read_run(run_dir)
+    if "files" in run and name not in run["files"]:
+        write_json(os.path.join(run_dir, RUN_FILE), {**run, "files": [*run["files"], name]})
 
 
 def check_run_dir(args: Args):
@@ -1689,8 +1759,12 @@ def check_run_dir(args: Args):
     writable folder, or what check_folder finds in it. The default folder is new (made by the claim): only runs/."""
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
+    if args.run_dir == "":
+        raise ValueError("--run-dir must name a folder, got ''")
     if args.resume and not args.run_dir:
         raise ValueError("--resume needs the --run-dir of the run to continue (one started without it is in runs/gsm8k__...)")
+    if args.overwrite and not args.run_dir:
+        raise ValueError("--overwrite needs --run-dir: the folder of the run to replace")
     path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{shown} is a file")
@@ -1701,31 +1775,60 @@ def check_run_dir(args: Args):
         raise ValueError(f"{shown} is under a file ({existing})")
     if not os.access(existing, os.W_OK | os.X_OK):  # as root, /proc and the like are refused when the folder is made
         raise ValueError(f"{shown} is not writable" + ("" if existing == path else f" ({existing} is not)"))
+    limit = name_limit(existing)
+    if any(len(os.fsencode(part)) > limit for part in os.path.abspath(path).split("/")):
+        raise ValueError(f"{shown}: a name in it is longer than the {limit} bytes that the file system takes")
+    default = f"{default_run_name(args)}-99"  # room for claim_default_folder's -2, -3, ...
+    if not args.run_dir and len(os.fsencode(default)) > limit:
+        raise ValueError(
+            f"--exp-name makes the run folder's name {len(os.fsencode(default))} bytes long; the file system takes {limit}"
+        )
+    holder = args.run_dir and lock_holder(args.run_dir)
+    if holder:  # whatever else would be said of the folder, its run is in progress
+        raise ValueError(f"{args.run_dir} is in use by {holder}")
     if args.run_dir:
         check_folder(args, args.run_dir)
 
 
+def name_limit(folder: str) -> int:
+    """The longest file name, in bytes, that the file system holding `folder` takes."""
+    with contextlib.suppress(OSError, ValueError):
+        return os.pathconf(folder, "PC_NAME_MAX")
+    return 255
+
+
+def default_run_name(args: Args) -> str:
+    """The default run folder's name (runs/<it>, or <it>-2, -3, ... where it is taken)."""
+    return f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
+
+
 def check_folder(args: Args, folder: str):
     """Raise ValueError if `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite
-    a run of this script and nothing else; --resume a run of this script whose args.json and checkpoint check out."""
-    if args.resume:
-        return check_resume(args, folder)
+    a run of this script and nothing else; --resume a run of this script whose args.json and checkpoint check out. What
+    a run writes under a name it reuses (the lock, a .tmp, the model folders) is never a link out of the folder."""
     try:
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     except OSError as error:
         raise ValueError(f"cannot read {folder}: {error.strerror}")
+    for name in names:
+        if (name == LOCK_FILE or name.endswith(".tmp") or name in OWN_FOLDERS) and is_linked(os.path.join(folder, name)):
+            raise ValueError(
+                f"{os.path.join(folder, name)} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
+            )
+    if args.resume:
+        return check_resume(args, folder)
     content = [name for name in names if not leftover(folder, name)]
     if not content:
         return
     if RUN_FILE not in content:
         raise ValueError(f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir")
     try:
-        read_run(folder)
+        recorded = read_run(folder).get("files")
     except ValueError as error:
         raise ValueError(f"{error}; choose another --run-dir")
     if not args.overwrite:
         raise ValueError(f"{folder} already holds a run: --resume continues it, --overwrite replaces it")
-    others = [name for name in content if not own_entry(folder, name)]
+    others = [name for name in content if not own_entry(folder, name, recorded)]
     if others:
         raise ValueError(
             f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
@@ -1743,6 +1846,13 @@ def check_resume(args: Args, folder: str):
         saved = read_saved_args(saved_args)
     except ValueError as error:
         raise ValueError(f"--resume: {error}")
+    started = run.get("args_sha256")
+    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
+    if changed:
+        raise ValueError(
+            f"--resume: {saved_args} has changed since the run started ({', '.join(changed)}): put it back; a run's "
+            "arguments change only on the command line, where --resume allows"
+        )
     for name, value in dataclasses.asdict(args).items():
         if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
             raise ValueError(f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}")
@@ -1983,7 +2093,7 @@ def lock_folder(run_dir: str) -> Optional[str]:
     if held is not None:  # the lock of an earlier run of this process, on another folder
         os.close(held)
         HELD_LOCK["fd"] = None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_own_file(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
@@ -2201,7 +2311,11 @@ def open_run_folder(run: Run, claim: Claim):
             write_run_files(run, claim)
         # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
         purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
+        before = set(os.listdir(run_dir))
         run.writer = SummaryWriter(run_dir, purge_step=purge_step)
+        for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
+            claim.written.add(name)
+            record_written(run_dir, name)
         if not args.resume or run.restart:
             run.writer.add_text(
                 "hyperparameters",
@@ -2242,15 +2356,17 @@ def write_run_files(run: Run, claim: Claim):
     """A fresh start's run.json (which makes the folder a run) and args.json; --overwrite first removes the old run's
     entries (the lock stays: this process holds it)."""
     args, run_dir = run.args, run.run_dir
-    if args.overwrite:
+    if args.overwrite:  # the old run's entries: the files its run.json records, not others named like them
+        recorded = read_run(run_dir).get("files") if os.path.exists(os.path.join(run_dir, RUN_FILE)) else []
         for name in os.listdir(run_dir):
-            if name != LOCK_FILE and own_entry(run_dir, name):
+            if name != LOCK_FILE and own_entry(run_dir, name, recorded):
                 remove_entry(os.path.join(run_dir, name))
     claim.written |= {RUN_FILE, ARGS_FILE}
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run.run_id, "created": created}
-    write_json(os.path.join(run_dir, RUN_FILE), description)
-    write_json(os.path.join(run_dir, ARGS_FILE), {name: stored(name, v) for name, v in dataclasses.asdict(args).items()})
+    saved = {name: stored(name, v) for name, v in dataclasses.asdict(args).items()}
+    description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run.run_id, "created": created, "files": []}
+    write_json(os.path.join(run_dir, RUN_FILE), {**description, "args_sha256": args_digests(saved)})
+    write_json(os.path.join(run_dir, ARGS_FILE), saved)
 
 
 def write_file_atomically(path: str, write, previous: Optional[str] = None):
@@ -2259,7 +2375,13 @@ def write_file_atomically(path: str, write, previous: Optional[str] = None):
     is kept under that name. On any failure the .tmp goes; an OSError names `path`."""
     temporary = path + ".tmp"
     try:
-        with open(temporary, "wb") as handle:
+        fd = open_own_file(temporary, os.O_WRONLY | os.O_CREAT)
+    except OSError as error:  # a link is left as it is
+        error.filename = path
+        raise
+    try:
+        with open(fd, "wb") as handle:
+            handle.truncate()  # what a killed write left
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -2428,6 +2550,9 @@ def save_model(run: Run):
     write (a full disk) removes model.tmp and raises an OSError that names the folder."""
     folder = os.path.join(run.run_dir, "model")
     fresh, old = folder + ".tmp", folder + ".old"
+    for path in (folder, fresh, old):  # save_pretrained would write through a link, rmtree not remove it
+        if os.path.islink(path):
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", folder)
     run.model.generation_config = run.checkpoint_generation_config
     try:
         shutil.rmtree(fresh, ignore_errors=True)

@@ -138,7 +138,7 @@ def test_runs_started_in_the_same_second_get_two_folders(tiny, tmp_path, monkeyp
     name = "gsm8k__vaco_gsm8k__vaco__1__1700000000"
     assert sorted(os.listdir("runs")) == [name, f"{name}-2"]
     described = [json.loads(Path("runs", folder, V.RUN_FILE).read_text()) for folder in (name, f"{name}-2")]
-    assert [set(d) for d in described] == [{"script", "format", "run_id", "created"}] * 2
+    assert [set(d) for d in described] == [{"script", "format", "run_id", "created", "files", "args_sha256"}] * 2
     assert described[0]["script"] == "vaco_gsm8k" and described[0]["run_id"] != described[1]["run_id"]
 
 
@@ -181,11 +181,12 @@ def test_a_folder_in_use_is_refused_at_once(tiny, finished, tmp_path):
         os.write(fd, b"process 4242 on elsewhere\n")
         before = listing(args.run_dir)
         resume = command(tiny, args.run_dir, "--resume", "--num-iterations", "3", "--checkpoint-every", "1")
-        proc = subprocess.run(resume, env=ENV, capture_output=True, text=True, timeout=120)
+        procs = [subprocess.run(c, env=ENV, capture_output=True, text=True, timeout=120) for c in (resume, resume[:-5])]
     finally:
         os.close(fd)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.strip() == f"error: {args.run_dir} is in use by process 4242 on elsewhere"
+    for proc in procs:  # a resume, and a new start: the folder's use is said first
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr.strip() == f"error: {args.run_dir} is in use by process 4242 on elsewhere"
     assert listing(args.run_dir) == before
 
 
@@ -198,6 +199,77 @@ def test_a_file_system_without_locks_warns_and_goes_on(tiny, tmp_path, capsys, m
     warning = f"warning: {tmp_path / 'run'} cannot be locked ({os.strerror(errno.ENOLCK)}): make sure no other process uses it"
     assert warning in capsys.readouterr().out.splitlines()
     assert Path(tmp_path, "run", V.SUMMARY_FILE).exists()
+
+
+def test_nothing_is_written_through_a_link(tiny, finished, tmp_path, capsys):
+    """run.lock or a .tmp made a link (symbolic or hard) to a file outside: a resume, a new start and --overwrite
+    refuse the folder, and the writes themselves refuse the link; the file outside is never touched."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's\n")
+    for link in (os.symlink, os.link):
+        for name in (V.LOCK_FILE, "summary.json.tmp"):
+            args = copy_of(finished, tmp_path / f"{link.__name__}-{name}")
+            Path(args.run_dir, name).unlink(missing_ok=True)
+            link(outside, Path(args.run_dir, name))
+            expected = f"{args.run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another"
+            for flags in ({}, {"resume": False}, {"resume": False, "overwrite": True}):
+                assert refused(capsys, lambda: V.train(dataclasses.replace(args, **flags))).startswith(f"error: {expected}")
+    with pytest.raises(OSError, match="run.lock is a symbolic link, which a run writes nothing through"):
+        V.lock_folder(str(tmp_path / "symlink-run.lock" / "run"))
+    with pytest.raises(OSError, match=r"summary.json.tmp is a hard link \(\d+ names\), which a run writes nothing"):
+        V.write_json(str(tmp_path / "link-summary.json.tmp" / "run" / V.SUMMARY_FILE), {})
+    assert outside.read_text() == "the user's\n"
+
+
+def test_overwrite_deletes_only_what_the_run_recorded_writing(finished, tmp_path, capsys):
+    args = copy_of(finished, tmp_path)
+    recorded = json.loads(Path(args.run_dir, V.RUN_FILE).read_text())["files"]
+    assert recorded == [name for name in os.listdir(args.run_dir) if name.startswith(V.EVENTS_PREFIX)] and recorded
+    Path(args.run_dir, V.EVENTS_PREFIX + "mycopy").write_text("the user's")
+    before = listing(args.run_dir)
+    err = refused(capsys, lambda: V.train(dataclasses.replace(args, resume=False, overwrite=True)))
+    assert (
+        err
+        == f"error: --overwrite: {args.run_dir} holds files that are not part of a run: {V.EVENTS_PREFIX}mycopy; move them away first"
+    )
+    assert listing(args.run_dir) == before
+
+
+@pytest.mark.parametrize("key, value", [("lag", 1), ("learning_rate", 0.01), ("checkpoint_every", 3)])
+def test_a_resume_refuses_arguments_changed_by_hand(finished, tmp_path, capsys, key, value):
+    """run.json keeps the SHA-256 of each argument from the run's start: an args.json changed since is refused, naming
+    the key, even where the command line now matches the edited file."""
+    args = copy_of(finished, tmp_path)
+    path = Path(args.run_dir, V.ARGS_FILE)
+    path.write_text(json.dumps(json.loads(path.read_text()) | {key: value}))
+    before = listing(args.run_dir)
+    err = refused(capsys, lambda: V.train(dataclasses.replace(args, **{key: value})))
+    assert err == (
+        f"error: --resume: {path} has changed since the run started ({key}): put it back; a run's arguments change only "
+        "on the command line, where --resume allows"
+    )
+    assert listing(args.run_dir) == before
+
+
+def test_names_and_flags_are_checked_before_anything_is_written(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    wide = "\u20ac" * 100  # 100 characters, 300 bytes
+    cases = [
+        (["--exp-name", wide], "--exp-name makes the run folder's name "),
+        (["--run-dir", f"runs/{wide}/x"], f"--run-dir runs/{wide}/x: a name in it is longer than the {limit} bytes"),
+        (["--exp-name", "x\udcff"], "--exp-name is not valid UTF-8: b'x\\xff'"),  # the bytes x, 0xff from a shell
+        (["--run-dir", ""], "--run-dir must name a folder, got ''"),
+        (["--run-dir", "", "--resume"], "--run-dir must name a folder, got ''"),
+        (["--overwrite"], "--overwrite needs --run-dir: the folder of the run to replace"),
+    ]
+    for argv, message in cases:
+        err = refused(capsys, lambda: V.parse_args(["--model-id", tiny["llama"], "--data-file", tiny["data"], *argv]))
+        assert err.startswith(f"error: {message}"), err
+    assert os.listdir(tmp_path) == []
+    proc = subprocess.run([*command(tiny, tmp_path / "run"), "--exp-name", b"\xff"], env=ENV, capture_output=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == b"error: --exp-name is not valid UTF-8: b'\\xff'\n", proc.stderr
+    assert os.listdir(tmp_path) == []
 
 
 # ---------------------------------------------------------------- what a resume checks
@@ -388,8 +460,8 @@ def test_a_full_disk_anywhere_in_a_checkpoint_is_one_oserror(tmp_path, monkeypat
     V.save_checkpoint(path, {"iteration": 1, "run_id": "r", "w": torch.zeros(250_000)})
     real_open = open
 
-    def small_disk(name, *rest):  # the checkpoint's .tmp, where save_checkpoint writes
-        return SmallDisk(real_open(name, *rest), room) if name.endswith(".tmp") else real_open(name, *rest)
+    def small_disk(name, *rest):  # the checkpoint's .tmp (opened by its descriptor), where save_checkpoint writes
+        return SmallDisk(real_open(name, *rest), room) if isinstance(name, int) else real_open(name, *rest)
 
     monkeypatch.setattr(V, "open", small_disk, raising=False)
     with pytest.raises(OSError) as failure:

@@ -30,6 +30,8 @@ from conftest import (
     run_in_process,
     run_script,
 )
+from tools import sync_plumbing
+from tools.sync_plumbing import plumbing_section
 
 COMMON_KEYS = {
     "charts/episodic_return",
@@ -69,7 +71,19 @@ BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v9"], "unknown env id: 'NoSuchEnv-v9' (not in gymnasium", None),
     (["--env-id", "Hopper-v2", "--env-backend", "envpool"], "'Hopper-v2' (a gymnasium id: try --env-backend gymnasium)", None),
     (["--env-id", "Hopper-v2"], "Hopper-v2 cannot be built: ImportError", None),  # auto: EnvPool lacks it
-    (["--num-envs", "0"], "--num-envs must be > 0, got 0", None),
+    (["--num-envs", "0"], "--num-envs must be in [1, 65536] (the paper's runs take 500), got 0", None),
+    (["--num-envs", str(10**9), "--total-timesteps", str(10**12)], "--num-envs must be in [1, 65536]", None),
+    (
+        ["--num-envs", "4", "--num-steps", str(2**40), "--total-timesteps", str(2**42)],  # a batch of 2**42 steps
+        "--num-envs x --num-steps is a batch of 4,398,046,511,104 steps: about ",
+        None,
+    ),
+    (["--env-backend", "gymnasium", "--env-threads", "7"], "--env-threads 7 sets EnvPool's threads", None),
+    (["--run-dir", ""], "--run-dir must name a folder, got ''", None),
+    (["--resume", "--run-dir", ""], "--run-dir must name a folder, got ''", None),
+    (["--overwrite"], "--overwrite needs --run-dir: the folder of the run to replace", None),
+    (["--exp-name", "x\udcff"], "--exp-name is not valid UTF-8: b'x\\xff'", None),  # the bytes x, 0xff from a shell
+    (["--wandb-entity", "\udce9"], "--wandb-entity is not valid UTF-8: b'\\xe9'", None),
     (["--update-epochs", "0"], "--update-epochs must be in [1, 1000], got 0", None),
     (["--update-epochs", str(2**64)], f"--update-epochs must be in [1, 1000], got {2**64}", None),  # it would never end
     (["--eval-episodes", str(2**64)], f"--eval-episodes must be in [0, 10000], got {2**64}", None),
@@ -125,7 +139,7 @@ BAD_INPUT = [
         None,
     ),
     (["--num-envs", "1", "--num-steps", "32"], "a minibatch of 1 sample cannot be normalised (--norm-adv)", None),
-    (["--num-envs", "1000000"], "--total-timesteps 100000000 is less than one batch (1000000000 steps)", None),
+    (["--num-envs", "65536", "--num-steps", "2000"], "--total-timesteps 100000000 is less than one batch (131072000", None),
     (["--run-dir", "/etc/hostname/run"], "--run-dir /etc/hostname/run: /etc/hostname is not a writable folder", None),
     (["--resume", "--run-dir", "/nonexistent/run"], "/nonexistent/run holds no run (no run.json)", None),
 ]
@@ -158,13 +172,17 @@ def test_bad_input_is_one_line_and_exit_2(script, argv, message, capsys):
         (["--capture-video"], {"MUJOCO_GL": None, "DISPLAY": None}, r"error: --capture-video: no OpenGL renderer .*\n"),
         (["--lag-mode", "bogus"], {}, r"error: invalid choice 'bogus' for argument '--lag-mode'\. .*\n"),
         (["--seed", str(2**64)], {}, r"error: --seed must be in \[0, 2\*\*31\), got \d+\n"),
+        (["--exp-name", b"\xff"], {}, r"error: --exp-name is not valid UTF-8: b'\\xff'\n"),
+        (["--exp-name", "\u20ac" * 100, "--save-model"], {}, r"error: --exp-name makes the model file's name 318 bytes .*\n"),
+        (["--num-steps", str(2**40), "--total-timesteps", str(2**42)], {}, r"error: .* more than this machine's .*\n"),
         (
             ["--env-id", "Ant-v3", "--env-backend", "envpool", "--eval-episodes", "1"],
             {},
             r"error: the evaluation runs on gymnasium: .*\n",
         ),
     ],
-    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer", "tyro-error", "huge-seed", "eval-env"],
+    ids=["lag", "unwritable-run-dir", "capture-video-without-renderer", "tyro-error", "huge-seed", "not-utf8", "long-name"]
+    + ["huge-batch", "eval-env"],
 )
 @pytest.mark.parametrize("script", existing_scripts())
 def test_bad_input_exits_before_work_in_a_subprocess(script, argv, env, message, tmp_path):
@@ -192,8 +210,6 @@ def test_wandb_sweep_style_arguments(script):
     assert module.parse_args(["--no-anneal-lr"]).anneal_lr is False
 
 
-PLUMBING_START = "# The run's plumbing: identical in all four MuJoCo scripts"
-PLUMBING_END = "# End of the run's plumbing."
 # The algorithm's building blocks that every script shares (they read with the algorithm, above the plumbing).
 SHARED_BLOCKS = {
     "layer_init",
@@ -204,16 +220,6 @@ SHARED_BLOCKS = {
     "scale_rewards",
     "value_loss",
 }
-
-
-def plumbing_section(text):
-    """The lines from the plumbing's opening banner to its closing one, both included; None if either is missing."""
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_START)]
-    ends = [i for i, line in enumerate(lines) if line.startswith(PLUMBING_END)]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        return None
-    return "\n".join(lines[starts[0] - 1 : ends[0] + 2])
 
 
 def top_level_names(source):
@@ -258,9 +264,28 @@ def test_plumbing_section_check_fails_on_a_drift_or_a_missing_banner():
     text = (ROOT / "ppo_mujoco.py").read_text()
     section = plumbing_section(text)
     assert section is not None and "def check_args" in section and "class Agent" not in section
-    assert plumbing_section(text.replace(PLUMBING_END, "# the end")) is None
+    assert plumbing_section(text.replace(sync_plumbing.END, "# the end")) is None
+    assert plumbing_section(text + sync_plumbing.START + "\n") is None
     drifted = text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1)
     assert plumbing_section(drifted) != section
+
+
+def test_sync_plumbing_copies_ppos_plumbing_and_check_finds_a_drift(tmp_path):
+    """The one command that copies the plumbing: --check names a drifted script and exits 1, the copy mends it and
+    touches nothing outside the plumbing; the repository's scripts pass --check."""
+    check = subprocess.run([sys.executable, "-m", "tools.sync_plumbing", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for script in MUJOCO_SCRIPTS:
+        shutil.copy(ROOT / f"{script}.py", tmp_path)
+    drifted = tmp_path / "spo_mujoco.py"
+    original = drifted.read_text()
+    drifted.write_text(original.replace("ENVPOOL_FROM_NUM_ENVS = 4", "ENVPOOL_FROM_NUM_ENVS = 5").replace("SPO", "Spo", 1))
+    assert sync_plumbing.sync(tmp_path, check=True) == ["spo_mujoco"]
+    assert sync_plumbing.sync(tmp_path) == ["spo_mujoco"] and sync_plumbing.sync(tmp_path, check=True) == []
+    assert drifted.read_text() == original.replace("SPO", "Spo", 1)  # the algorithm's part is the script's own
+    drifted.write_text(original.replace(sync_plumbing.END, "# the end"))
+    with pytest.raises(ValueError, match="spo_mujoco.py: no single pair of plumbing banners"):
+        sync_plumbing.sync(tmp_path)
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
@@ -504,8 +529,8 @@ def test_resume_refuses_changed_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--lag", "3", "--gamma", "0.9"])
     assert capsys.readouterr().err == "error: --resume keeps the run's arguments; cannot change gamma, lag\n"
-    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--env-threads", "2"])
-    assert args.save_model and args.env_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
+    args = ppo_mujoco.parse_args(["--resume", "--run-dir", str(tmp_path), "--save-model", "--torch-threads", "2"])
+    assert args.save_model and args.torch_threads == 2 and args.num_envs == 4 and args.resume  # saved, plus safe changes
     # --overwrite replaces the run: nothing of the first one is left.
     first_events = set(tmp_path.glob("events.out.tfevents.*"))
     run_script("ppo_mujoco", *TINY, "--checkpoint-every", "0", "--overwrite", "--run-dir", tmp_path)

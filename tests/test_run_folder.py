@@ -200,6 +200,117 @@ def test_a_sweep_agents_rerun_continues_the_run(script, tmp_path, capsys):
     assert module.parse_args([*TINY]).run_dir is None
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_overwrite_deletes_only_what_the_run_recorded_writing(script, finished, tmp_path, capsys):
+    """Files of the user's named like a run's (a model, an events file copied in) are not the run's: run.json records
+    the files the run wrote, and --overwrite refuses a folder that holds others, deleting nothing."""
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run", done=True)
+    recorded = json.loads((run / "run.json").read_text())["files"]
+    assert recorded == [p.name for p in run.glob("events.out.tfevents.*")] and len(recorded) == 1
+    (run / "best-from-other-run.cleanrl_model").write_text("mine")
+    (run / "events.out.tfevents.mycopy").write_text("mine")
+    before = files(run)
+    message = refused(module, [*TINY, "--run-dir", run, "--overwrite"], capsys)
+    listed = "best-from-other-run.cleanrl_model, events.out.tfevents.mycopy"
+    assert message == f"{run} holds files that a run does not write ({listed}); --overwrite deletes only a run's"
+    assert files(run) == before
+    module.remove_run_files(str(run), "new")  # even called on such a folder, it deletes only what run.json records
+    assert sorted(os.listdir(run)) == ["best-from-other-run.cleanrl_model", "events.out.tfevents.mycopy", "run.lock"]
+    # A model of the user's where a resume would save the run's: refused, not replaced.
+    run = copy_run(finished, script, tmp_path / "again")
+    (run / f"{script}.cleanrl_model").write_text("mine")
+    message = refused(module, ["--resume", "--run-dir", run, "--save-model"], capsys)
+    assert (
+        message
+        == f"{run} holds {script}.cleanrl_model, which the run did not write: move it away, or resume without --save-model"
+    )
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_nothing_is_written_through_a_link(script, finished, tmp_path, capsys):
+    """run.lock, a *.tmp or videos/ made a link (symbolic or hard) to a file outside: every start refuses the folder
+    (--resume, --auto-resume, a new run, --overwrite), and the writes themselves refuse the link; the file outside is
+    never touched."""
+    module = import_script(script)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's\n")
+    for link in (os.symlink, os.link):
+        for name in ("run.lock", "checkpoint.pt.tmp", "videos"):
+            run = copy_run(finished, script, tmp_path / f"{link.__name__}-{name}")
+            if name == "videos" and link is os.link:
+                (run / "videos").mkdir()
+                name = "videos/rl-video-episode-0.mp4"
+            (run / name).unlink(missing_ok=True)
+            link(outside, run / name)
+            expected = f"{run}/{name} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
+            for flags in (["--resume"], FINISHED_COMMAND, TINY, [*TINY, "--overwrite"]):
+                assert refused(module, [*flags, "--run-dir", run], capsys) == expected
+    run = copy_run(finished, script, tmp_path / "late")  # a link made after the checks: the writes refuse it
+    (run / "run.lock").unlink()
+    os.symlink(outside, run / "run.lock")
+    with pytest.raises(ValueError, match="run.lock is a symbolic link, which a run writes nothing through"):
+        module.lock_run_dir(str(run))
+    os.link(outside, run / "summary.json.tmp")
+    with pytest.raises(OSError, match=r"summary.json.tmp is a hard link \(\d+ names\), which a run writes nothing"):
+        module.write_atomically(str(run / "summary.json"), b"{}")
+    assert outside.read_text() == "the user's\n" and (run / "summary.json.tmp").exists()
+    proc = run_in(tmp_path, script, "--resume", "--run-dir", run)  # the issue's command, end to end
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith(f"error: {run}/run.lock is a link"), proc
+    assert outside.read_text() == "the user's\n"
+
+
+ARGS_EDITS = [  # an args.json edited by hand to other valid values: (key, value)
+    ("lag", 3),
+    ("learning_rate", 0.001),
+    ("num_envs", 2),
+    ("total_timesteps", 256),
+    ("env_id", "Walker2d-v5"),
+    ("checkpoint_every", 7),  # one a resume may change, on the command line
+]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_resume_refuses_arguments_changed_by_hand(script, finished, tmp_path, capsys):
+    """run.json keeps the SHA-256 of each argument from the run's start: an args.json changed since is refused, naming
+    the keys, by --resume and by --auto-resume (even where the command now matches the edited file)."""
+    module = import_script(script)
+    run = copy_run(finished, script, tmp_path / "run")
+    saved = json.loads((run / "args.json").read_text())
+    for key, value in ARGS_EDITS:
+        (run / "args.json").write_text(json.dumps(saved | {key: value}, indent=2))
+        before = files(run)
+        expected = f"{run}/args.json has changed since the run started ({key}): put it back; a run's arguments change "
+        expected += "only on the command line, where --resume allows"
+        assert refused(module, ["--resume", "--run-dir", run], capsys) == expected
+        flag = f"--{key.replace('_', '-')}"
+        assert refused(module, [*FINISHED_COMMAND, "--run-dir", run, flag, str(value)], capsys) == expected
+        assert files(run) == before
+    (run / "args.json").write_text(json.dumps(saved | {"lag": 1, "gamma": 0.5}))
+    assert refused(module, ["--resume", "--run-dir", run], capsys).endswith(
+        "since the run started (gamma, lag): put it back; a run's arguments change only on the command line, where --resume allows"
+    )
+    (run / "args.json").write_text(json.dumps(saved))  # put back, in another layout: the values count
+    assert module.parse_args(["--resume", "--run-dir", str(run), "--checkpoint-every", "7"]).checkpoint_every == 7
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_names_that_become_files_fit_the_file_system(script, tmp_path, capsys, monkeypatch):
+    """--exp-name and --run-dir checked in bytes against the file system's limit before anything is made: 100
+    characters of 3 bytes each are 300 bytes."""
+    module = import_script(script)
+    monkeypatch.chdir(tmp_path)
+    wide = "\u20ac" * 100
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    message = refused(module, [*TINY, "--exp-name", wide, "--save-model", "--run-dir", "run"], capsys)
+    assert message == f"--exp-name makes the model file's name 318 bytes long; the file system takes {limit}"
+    assert refused(module, [*TINY, "--exp-name", wide], capsys).startswith("--exp-name makes the run folder's name ")
+    assert module.parse_args([*TINY, "--exp-name", wide, "--run-dir", "run"]).exp_name == wide  # it names no file
+    message = refused(module, [*TINY, "--run-dir", f"runs/{wide}/x"], capsys)
+    assert message == f"--run-dir runs/{wide}/x: a name in it is longer than the {limit} bytes that the file system takes"
+    assert os.listdir(tmp_path) == []
+
+
 # ---------------------------------------------------------------- one process per folder
 
 
@@ -246,7 +357,7 @@ def test_a_folder_in_use_is_refused_at_once_and_freed_by_any_end(script, tmp_pat
         for line in first.stdout:
             if line.startswith("[2/"):  # a checkpoint exists: the folder holds a run that could be resumed
                 break
-        for flags in (["--resume"], [*TINY, "--overwrite"]):
+        for flags in (["--resume"], [*TINY, "--overwrite"], TINY, [*TINY, "--auto-resume"]):  # in use: said first
             begin = time.time()
             second = run_in(tmp_path, script, *flags, "--run-dir", run)
             assert second.returncode == 2 and time.time() - begin < 60, second.stderr
@@ -313,8 +424,8 @@ def test_saved_arguments_are_checked_key_by_key(script, finished, tmp_path, caps
         change(edited)
         (run / "args.json").write_text(json.dumps(edited))
         assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{run}/args.json{error}"
-    (run / "args.json").write_text(json.dumps(saved | {"lag": -1}))  # well typed, out of range: the flag's own check
-    assert refused(module, ["--resume", "--run-dir", run], capsys) == "--lag must be in [0, 2**31), got -1"
+    (run / "args.json").write_text(json.dumps(saved | {"lag": -1}))  # well typed: not what the run started with
+    assert refused(module, ["--resume", "--run-dir", run], capsys).startswith(f"{run}/args.json has changed since the run")
     (run / "args.json").write_text("[1, 2]")
     assert refused(module, ["--resume", "--run-dir", run], capsys) == f"{run}/args.json is not a JSON object"
     (run / "args.json").write_text(json.dumps(saved))
@@ -428,8 +539,8 @@ def test_auto_resume_refuses_any_other_folder(script, finished, tmp_path, capsys
     assert message == "--auto-resume and --overwrite exclude each other"
     assert files(tmp_path) == before
     # What may change on --resume may change here too: the same run, resumed.
-    args = module.parse_args([*FINISHED_COMMAND, "--run-dir", str(run), "--save-model", "--env-threads", "2"])
-    assert args.resume and args.save_model and args.env_threads == 2
+    args = module.parse_args([*FINISHED_COMMAND, "--run-dir", str(run), "--save-model", "--torch-threads", "2"])
+    assert args.resume and args.save_model and args.torch_threads == 2
 
 
 # ---------------------------------------------------------------- faults
