@@ -608,10 +608,6 @@ def check_args(args: Args) -> None:
         raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.capture_video and args.env_backend == "envpool":
         raise ValueError("--capture-video needs --env-backend gymnasium")
-    if args.env_threads > 1 and args.env_backend == "gymnasium":
-        raise ValueError(
-            f"--env-threads {args.env_threads} sets EnvPool's threads: the gymnasium backend steps its envs in one"
-        )
     if args.overlap and (args.lag_mode != "fixed" or args.lag < 1 or args.torch_threads != 1):
         raise ValueError("--overlap needs --lag-mode fixed and --lag >= 1 (the next policy known early), --torch-threads 1")
     action_space, observation_space = env_spaces(args.env_id, args.env_backend)
@@ -966,6 +962,10 @@ def parse_args(argv=None) -> Args:
             changed = [k for k, v in saved_values if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
             if changed:
                 raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
+        if args.env_threads > 1 and args.env_backend == "gymnasium":  # chosen: auto's choice leaves a launcher's cores
+            raise ValueError(
+                f"--env-threads {args.env_threads} sets EnvPool's threads: the gymnasium backend steps its envs in one"
+            )
         if args.env_backend == "auto":
             args = dataclasses.replace(args, env_backend=choose_backend(args))
         if args.auto_resume and not args.resume and not args.overwrite and args.run_dir:

@@ -606,3 +606,12 @@ def test_track_offline_writes_a_wandb_run(tmp_path):
     run_script("ppo_mujoco", *TINY, "--track", "--overwrite", "--run-dir", run, env=env)
     new_id = json.loads((run / "run.json").read_text())["run_id"]
     assert new_id != run_id and [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == [new_id]
+
+
+@pytest.mark.parametrize("script", existing_scripts())
+def test_env_threads_with_the_auto_backend_is_taken(script):
+    """A launcher gives every run its cores as --env-threads; auto's choice of gymnasium (few envs) leaves them unused
+    instead of refusing the run. Chosen by the user, gymnasium with --env-threads is refused (BAD_INPUT)."""
+    argv = ["--num-envs", "2", "--num-steps", "64", "--total-timesteps", "128", "--num-minibatches", "2", "--env-threads", "2"]
+    args = import_script(script).parse_args([*argv, "--eval-episodes", "0"])
+    assert (args.env_backend, args.env_threads) == ("gymnasium", 2)
