@@ -732,7 +732,7 @@ def log_completions(run: "Run", iteration: int, generated: dict):
         import wandb
 
         columns = ["step", "prompt", "completion", "reward", "advantage"]
-        wandb.log({"completions": wandb.Table(columns=columns, data=table)})
+        log_to_wandb({"completions": wandb.Table(columns=columns, data=table)}, run.counters["global_step"])
 
 
 NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
@@ -1633,6 +1633,7 @@ RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
 OWN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+WANDB_LOST = []  # why wandb stopped taking this process's scalars (log_to_wandb), if it did
 OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
 HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
@@ -2312,7 +2313,7 @@ def open_run_folder(run: Run, claim: Claim):
         # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
         purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
         before = set(os.listdir(run_dir))
-        run.writer = SummaryWriter(run_dir, purge_step=purge_step)
+        run.writer = (WandbWriter if args.track else SummaryWriter)(run_dir, purge_step=purge_step)
         for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
             claim.written.add(name)
             record_written(run_dir, name)
@@ -2324,6 +2325,8 @@ def open_run_folder(run: Run, claim: Claim):
         run.writer.flush()  # a full disk shows here, while the start can still be undone
     except OSError as error:
         fail(f"cannot write {error.filename or run_dir}: {error.strerror or error}")
+    if args.track and args.resume and not run.restart:
+        replay_to_wandb(run_dir, run.counters["global_step"])
     print(f"run folder: {run_dir}", flush=True)
     widest = max(len(p) for p in run.train_prompts)
     sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
@@ -2335,7 +2338,6 @@ def start_wandb(run: Run):
     import wandb
 
     args = run.args
-    wandb.tensorboard.patch(root_logdir=run.run_dir)
     try:
         wandb.init(
             project=args.wandb_project_name,
@@ -2343,13 +2345,61 @@ def start_wandb(run: Run):
             config=vars(args),
             name=run.run_name,
             save_code=True,
-            id=run.wandb_id,
-            resume="allow" if run.wandb_id else None,
+            # Every start continues one wandb run, one killed before its first checkpoint included (a sweep's agent
+            # sets its own id, WANDB_RUN_ID).
+            id=run.wandb_id or run.run_id,
+            resume="allow",
         )
     except Exception as error:  # wandb's UsageError, CommError, ...: the remedy is the same
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         fail(f"--track: wandb could not start ({reason}); run wandb login or set WANDB_MODE=offline")
     run.wandb_id = wandb.run.id
+    wandb.define_metric("*", step_metric="global_step")
+
+
+class WandbWriter(SummaryWriter):
+    """--track: TensorBoard's writer that gives each scalar to wandb as well, at the same step. The script logs to wandb
+    itself rather than through wandb's TensorBoard watcher, which may not have read the last iterations when the
+    process ends; wandb's own step is the global step, so a step logged again after a resume counts once."""
+
+    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
+        super().add_scalar(tag, scalar_value, global_step, *args, **kwargs)
+        log_to_wandb({tag: float(scalar_value)}, global_step)
+
+
+def log_to_wandb(row: dict, step: int):
+    """One row to wandb at `step`; a wandb whose process ended (a signal to all the job's processes reaches it too) is
+    said once and then left: TensorBoard keeps the scalars, and the next start replays what wandb lacks."""
+    if WANDB_LOST:
+        return
+    import wandb
+
+    try:
+        wandb.log({**row, "global_step": step}, step=step)
+    except Exception as error:
+        WANDB_LOST.append(error)
+        print(f"wandb stopped taking the run's scalars at step {step} ({type(error).__name__}); TensorBoard keeps them")
+
+
+def replay_to_wandb(run_dir: str, up_to: int):
+    """A resumed run gives its wandb run what TensorBoard holds up to the checkpoint's step `up_to` from wandb's own
+    next step on (online: what wandb has; offline: every start's files hold the run): the scalars a start logged to
+    TensorBoard but wandb did not take (it had been stopped, or it was slow to write) are then in wandb once."""
+    import logging
+
+    import wandb
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # it warns of the purge on resume, which is expected
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    rows = collections.defaultdict(dict)
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            if wandb.run.step <= event.step <= up_to:
+                rows[event.step][tag] = event.value
+    for step in sorted(rows):
+        log_to_wandb(rows[step], step)
 
 
 def write_run_files(run: Run, claim: Claim):
@@ -2365,6 +2415,7 @@ def write_run_files(run: Run, claim: Claim):
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     saved = {name: stored(name, v) for name, v in dataclasses.asdict(args).items()}
     description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run.run_id, "created": created, "files": []}
+    description["wandb_id"] = run.wandb_id
     write_json(os.path.join(run_dir, RUN_FILE), {**description, "args_sha256": args_digests(saved)})
     write_json(os.path.join(run_dir, ARGS_FILE), saved)
 
@@ -2594,7 +2645,17 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
         if args.track:
             import wandb
 
-            wandb.finish(exit_code=128 + interrupted if interrupted else 0)
+            try:
+                if interrupted and not WANDB_LOST:  # a sweep's agent requeues a run marked preempting
+                    wandb.run.mark_preempting()
+                if not WANDB_LOST:
+                    wandb.finish(exit_code=128 + interrupted if interrupted else 0)
+            except Exception as error:
+                WANDB_LOST.append(error)
+            with contextlib.suppress(Exception):  # now, not at exit: a wandb process a signal ended would be a traceback
+                wandb.teardown()
+            if WANDB_LOST:
+                print(f"wandb's run ended with its process ({type(WANDB_LOST[0]).__name__}); a resume replays what it lacks")
     if run.distributed and not interrupted:
         torch.distributed.destroy_process_group()
     if interrupted:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
+from conftest import assert_wandb_holds_tensorboard  # noqa: E402
 from tools.tiny_gsm8k import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -535,3 +536,27 @@ def test_ctrl_c_while_the_libraries_load_prints_no_traceback(tiny, tmp_path):
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGINT and b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_a_tracked_run_stopped_by_sigterm_to_its_processes_is_one_wandb_run(tiny, tmp_path):
+    """--track, offline: SIGTERM to the run and every process it started (wandb's too, as slurmstepd does) after its
+    second iteration, then a resume: exit 143 with no traceback, one wandb id, and the resumed start's offline run
+    holds every step TensorBoard holds, once (it gives wandb what TensorBoard held up to the checkpoint)."""
+    run_dir = tmp_path / "run"
+    env = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env |= {name: str(tmp_path / "wandb-home") for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")}
+    cmd = command(tiny, run_dir, "--track", "--num-iterations", "4", "--checkpoint-every", "1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)  # fmt: skip
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        if line.startswith("iter 2/4"):
+            os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait() == 143 and "Traceback" not in "".join(output), "".join(output)
+    resumed = subprocess.run([*cmd, "--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
+    folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    wandb_id = json.loads((run_dir / "run.json").read_text())["wandb_id"]
+    assert len(folders) == 2 and all(folder.name.endswith(f"-{wandb_id}") for folder in folders)
+    assert len(assert_wandb_holds_tensorboard(run_dir, folders[-1])) >= 4
