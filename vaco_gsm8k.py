@@ -2328,6 +2328,9 @@ def open_run_folder(run: Run, claim: Claim):
     if args.track and args.resume and not run.restart:
         replay_to_wandb(run_dir, run.counters["global_step"])
     print(f"run folder: {run_dir}", flush=True)
+    # --cuda (the default) takes a GPU where torch sees one: say which device it is, so a job never holds one unused.
+    name = f" ({torch.cuda.get_device_name(run.device)})" if run.device.type == "cuda" else ""
+    print(f"device: {run.device}{name}" + (" (--cuda: torch sees no CUDA device)" if args.cuda and not name else ""))
     widest = max(len(p) for p in run.train_prompts)
     sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
     print(memory_estimate(run.model, args, sequences, widest, run.use_bf16), flush=True)

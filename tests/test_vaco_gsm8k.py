@@ -603,6 +603,7 @@ def test_command_line_run_logs_evaluates_and_saves(tiny, tmp_path):
     assert expected <= tags, expected - tags
     assert not ppo_only & tags  # PPO-clip statistics
     assert f"run folder: {os.path.relpath(run_dir, tmp_path)}" in result.stdout and "memory estimate" in result.stdout
+    assert "device: cpu (--cuda: torch sees no CUDA device)\n" in result.stdout  # --cuda is the default
     assert json.loads(Path(run_dir, "summary.json").read_text())["interrupted"] is False
     assert len(events.Scalars("vaco/tv")) == 4 and len(events.Scalars("eval/accuracy")) == 3
     model, tokenizer = V.load_model_and_tokenizer(os.path.join(run_dir, "model"))
