@@ -139,7 +139,7 @@ def test_runs_started_in_the_same_second_get_two_folders(tiny, tmp_path, monkeyp
     name = "gsm8k__vaco_gsm8k__vaco__1__1700000000"
     assert sorted(os.listdir("runs")) == [name, f"{name}-2"]
     described = [json.loads(Path("runs", folder, V.RUN_FILE).read_text()) for folder in (name, f"{name}-2")]
-    assert [set(d) for d in described] == [{"script", "format", "run_id", "created", "files", "args_sha256"}] * 2
+    assert [set(d) for d in described] == [{"script", "format", "run_id", "created", "files", "args_sha256", "wandb_id"}] * 2
     assert described[0]["script"] == "vaco_gsm8k" and described[0]["run_id"] != described[1]["run_id"]
 
 

@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 import zlib
@@ -148,7 +149,8 @@ def existing(run_dir, run_id, steps) -> tuple[Path | None, list[Path]]:
     record), if there is one; the others it wrote, which do not: from a call before the run had finished).
     ValueError naming the file if one it wrote does not read back whole."""
     complete, others = None, []
-    for folder in sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{run_id}")):
+    own = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")  # wandb adds -N within one second
+    for folder in sorted(p for p in Path(run_dir, "wandb").glob("offline-run-*") if own.fullmatch(p.name)):
         if not written_here(folder):
             continue
         try:
