@@ -29,6 +29,7 @@ import pandas as pd
 import pytest
 
 from tools.grid import aggregate, aggregate_figures, run_grid, run_records
+from tools.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -653,11 +654,11 @@ def test_normalise():
 def test_t_interval():
     # Student-t half-widths: t(0.975, 2) = 4.3027, t(0.975, 9) = 2.2622 (tables), not 1.96
     v = np.array([1.0, 2.0, 6.0])
-    m, h, n = aggregate.t_interval(v)
+    m, h, n = t_interval(v)
     assert (m, n) == (3.0, 3) and h == pytest.approx(4.302653 * np.std(v, ddof=1) / np.sqrt(3), rel=1e-6)
     w = np.arange(10.0)
-    assert aggregate.t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
-    assert np.isnan(aggregate.t_interval([5.0])[1]) and aggregate.t_interval([np.nan, 2.0])[2] == 1
+    assert t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
+    assert np.isnan(t_interval([5.0])[1]) and t_interval([np.nan, 2.0])[2] == 1
 
 
 def test_difference_interval_against_exact_bootstrap():
