@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tools.grid import aggregate, aggregate_figures, run_grid, run_records
+from tools.grid import aggregate, aggregate_figures, measures, run_grid, run_records
 from tools.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
@@ -806,7 +806,7 @@ def test_deciles_post_hoc(tmp_path):
     """Per-decile means against a loop over the steps with the boundaries written out; 1-9 and the whole run too."""
     steps = list(range(50, 1001, 50))  # 20 iterations, 2 per decile
     rs = np.random.RandomState(3)
-    values = {seed: {c: rs.rand(len(steps)) for c in aggregate.DECILE_COLUMNS} for seed in (1, 2, 3)}
+    values = {seed: {c: rs.rand(len(steps)) for c in measures.DECILE_COLUMNS} for seed in (1, 2, 3)}
     g = tmp_path / "g"
     for seed, cols in values.items():
         rec = synthetic_record("vaco", "TaskA-v0", 8, seed, 0.5, steps=steps)
@@ -818,7 +818,7 @@ def test_deciles_post_hoc(tmp_path):
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=5, log=lambda m: None)
     dec = pd.read_csv(tmp_path / "o" / "deciles.csv", comment="#", dtype={"decile": str}).set_index("decile")
     assert dec.index.tolist() == [*map(str, range(1, 11)), "1-9", "all"] and (dec.runs == 3).all()
-    for c in aggregate.DECILE_COLUMNS:
+    for c in measures.DECILE_COLUMNS:
         for d in range(1, 11):
             per_run = [
                 np.mean([v for s, v in zip(steps, values[k][c]) if (d - 1) * T / 10 < s <= d * T / 10]) for k in (1, 2, 3)
@@ -860,7 +860,7 @@ def test_curves_at_logged_points_only(tmp_path):
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=20, log=lambda m: None)
     c = res["curves"]
     assert c.step.tolist() == [100, 500, 1000] and c.iqm.tolist() == pytest.approx([-5.0, -5.0, 0.4])
-    assert aggregate.curve_steps([pd.DataFrame({"step": np.arange(1, 101), "episodic_return": 1.0})], 5).tolist() == [
+    assert measures.curve_steps([pd.DataFrame({"step": np.arange(1, 101), "episodic_return": 1.0})], 5).tolist() == [
         1,
         26,
         51,
@@ -884,7 +884,7 @@ def test_figures(synthetic):
     ):
         assert name in res["written"] and (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     colors = aggregate_figures.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
-    assert colors["vaco"] == aggregate.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
+    assert colors["vaco"] == aggregate_figures.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
     assert len({colors[k] for k in ("impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine")}) == 6
     assert colors == aggregate_figures.colors_for(
         ["ppo[fixed]", "mine", "vaco-nofilter", "spo", "ppo", "vaco", "impala"]

@@ -38,41 +38,30 @@ import numpy as np
 import pandas as pd
 from rliable import metrics
 
+from tools.grid import aggregate_figures
+from tools.grid.measures import (
+    AGG_METRICS,
+    DECILE_COLUMNS,
+    LAG_HI,
+    LAG_LO,
+    TV_TOLERANCE,
+    curve_steps,
+    delta_of,
+    is_ablation,
+    order_labels,
+    score_matrix,
+)
 from tools.grid.reference_scores import DEFAULT_REFERENCE, REFERENCE_ENVS, load_reference, measure_random, write_reference
-from tools.grid.run_records import RECORD_COLUMNS, VACO_DEFAULTS, NotARecord, collect_records, export_records
+from tools.grid.run_records import RECORD_COLUMNS, NotARecord, collect_records, export_records
 from tools.stats import bootstrap, t_interval, welch_contrast_interval
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCES = [REPO / "results" / "records" / f"tier{i}" for i in (1, 2, 3)]
 DEFAULT_OUT = "runs/aggregate"
 FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
-LAG_LO, LAG_HI = 0, 8  # the primary measure's lags
-TV_TOLERANCE = 0.25  # "near delta/2": within +-25% of delta/2 (pre-registered)
 TV_LAGS = (4, 8)
 PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
-DECILE_COLUMNS = {  # post hoc, not pre-registered
-    "episodic_return": "training episodic return (raw)",
-    "final_tv": "final TV",
-    "vaco_over_budget_frac": "fraction of minibatches over δ/2",
-    "vaco_filter_frac": "fraction of samples masked",
-}
-AGG_METRICS = {"iqm": "IQM", "mean": "Mean", "median": "Median of task means", "optimality_gap": "Optimality gap"}
 AGG_FUNCS = (metrics.aggregate_iqm, metrics.aggregate_mean, metrics.aggregate_median, metrics.aggregate_optimality_gap)
-COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
-    "ppo": "#1f77b4",
-    "ppo-clip0.3": "#6baed6",
-    "vaco": "#d62728",
-    "vaco-delta0.1": "#fc9272",
-    "vaco-delta0.4": "#67000d",
-    "spo": "#2ca02c",
-    "impala": "#ff7f0e",
-    "impala-1pass": "#a63603",
-    "vaco-norealign": "#9467bd",
-    "vaco-nofilter": "#8c564b",
-    "vaco-norealign-nofilter": "#e377c2",
-}
-EXTRA_COLORS = ["#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd"]
-MAIN_ALGOS = ("ppo", "vaco", "spo", "impala")
 SCORE_DEF = "final score = mean training episodic return over the last 10% of steps"
 NORM_DEF = "normalised: 0 = uniform-random actions, 1 = CleanRL PPO at 8M steps"
 WINDOW_DEF = "averaging window: logged steps > 0.9 x final step"
@@ -148,16 +137,6 @@ def normalise(scores, tasks, ref: pd.DataFrame | None):
 # ----------------------------------------------------------------------------------------------- statistics
 
 
-def score_matrix(df: pd.DataFrame, column="normalized_score", warn=None, tasks=None):
-    """(runs x tasks) matrix of `column` for one (algo, lag) slice, equal runs per task (lowest seeds kept)."""
-    tasks = tasks or sorted(df["task"].unique())
-    per_task = [df[df["task"] == t].sort_values("seed")[column].dropna().to_numpy(float) for t in tasks]
-    n = min(len(x) for x in per_task)
-    if warn and any(len(x) != n for x in per_task):
-        warn(f"unequal runs per task ({dict(zip(tasks, map(len, per_task)))}); using the {n} lowest seeds per task")
-    return np.stack([x[:n] for x in per_task], axis=1), tasks
-
-
 def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.DataFrame:
     """Per (algo, lag): IQM / mean / median / optimality gap of the normalised final score over tasks and runs."""
     mats = {}
@@ -225,10 +204,6 @@ def degradation_table(final, reps, seed, base="ppo", lo=LAG_LO, hi=LAG_HI) -> pd
             terms = [(1, a, hi), (-1, a, lo), (-1, b, hi), (1, b, lo)]
             rows += difference_table(final, terms, "degradation_difference", reps, seed, {"algo": a, "vs": b})
     return pd.DataFrame(rows)
-
-
-def is_ablation(label: str) -> bool:
-    return label.startswith("vaco-")
 
 
 def ablation_table(final, reps, seed, lag=LAG_HI) -> pd.DataFrame:
@@ -324,18 +299,6 @@ def rise_table(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def curve_steps(runs_of_group: list[pd.DataFrame], max_points: int) -> np.ndarray:
-    """The steps at which every run of the group logged a return, thinned evenly to at most max_points."""
-    common = None
-    for d in runs_of_group:
-        s = set(d.loc[d["episodic_return"].notna(), "step"].astype(int)) if "episodic_return" in d else set()
-        common = s if common is None else common & s
-    steps = np.array(sorted(common or []))
-    if len(steps) > max_points:
-        steps = steps[np.unique(np.round(np.linspace(0, len(steps) - 1, max_points)).astype(int))]
-    return steps
-
-
 def curve_table(final, runs, ref, max_points, reps, seed, log=print) -> pd.DataFrame:
     """rliable's IQM curve of the normalised training return at logged steps, per (algo, lag)."""
     from scipy.stats import trim_mean
@@ -373,13 +336,6 @@ def curve_table(final, runs, ref, max_points, reps, seed, log=print) -> pd.DataF
 
 
 # ----------------------------------------------------------------------------------------------- verdict
-
-
-def delta_of(final: pd.DataFrame, label: str) -> float:
-    d = final[final["algo"] == label]
-    if "tv_threshold" in d and d["tv_threshold"].notna().any():
-        return float(d["tv_threshold"].dropna().iloc[0])
-    return VACO_DEFAULTS["tv_threshold"] if label.startswith("vaco") else float("nan")
 
 
 def _ci(r, sign="+") -> str:
@@ -531,10 +487,6 @@ def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, nor
     return "\n".join(lines) + "\n"
 
 
-def order_labels(labels):
-    return sorted(labels, key=lambda s: (MAIN_ALGOS.index(s.split("[")[0]) if s.split("[")[0] in MAIN_ALGOS else 99, s))
-
-
 # ----------------------------------------------------------------------------------------------- driver
 
 
@@ -613,8 +565,6 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
     (out / "verdict.md").write_text(md)
     written.append("verdict.md")
     if plots:
-        from tools.grid import aggregate_figures
-
         # Aggregates over tasks are drawn over the tasks every algorithm ran, so that like is compared with like.
         common = sorted(set.intersection(*(set(g.task) for _, g in final.groupby("algo"))))
         fc, f_agg, f_deg, f_abl, f_curves, f_poi, note = final, agg, deg, abl, curves, poi, ""

@@ -25,6 +25,7 @@ from rliable import metrics
 
 from tools.grid import aggregate
 from tools.grid.calibration import TV_WINDOW, calibrate
+from tools.grid.measures import score_matrix
 from tools.stats import bootstrap, t_interval
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def iqm_difference(final, x, y, lag, tasks, reps, seed) -> dict | None:
     cx, cy = cell(final, x, lag, tasks), cell(final, y, lag, tasks)
     if set(cx.task) != set(tasks) or set(cy.task) != set(tasks):
         return None
-    mats = [aggregate.score_matrix(c, tasks=list(tasks))[0] for c in (cx, cy)]
+    mats = [score_matrix(c, tasks=list(tasks))[0] for c in (cx, cy)]
     point, ci = bootstrap(
         {"d": mats}, lambda a, b: np.array([metrics.aggregate_iqm(a) - metrics.aggregate_iqm(b)]), reps, seed
     )
@@ -80,7 +81,7 @@ def iqm(final, algo, lag, tasks, reps, seed) -> dict | None:
     c = cell(final, algo, lag, tasks)
     if set(c.task) != set(tasks):
         return None
-    x = aggregate.score_matrix(c, tasks=list(tasks))[0]
+    x = score_matrix(c, tasks=list(tasks))[0]
     point, ci = bootstrap({"i": x}, lambda a: np.array([metrics.aggregate_iqm(a)]), reps, seed)
     return {"estimate": point["i"][0], "ci_low": ci["i"][0, 0], "ci_high": ci["i"][1, 0], "runs": len(x)}
 

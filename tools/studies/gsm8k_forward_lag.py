@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
 from tools import readings  # noqa: E402
-from tools.grid.aggregate import COLORS  # noqa: E402
+from tools.grid.aggregate_figures import COLORS  # noqa: E402
 from tools.studies.gsm8k_proxy_task import mean_interval, supervise, write_rows  # noqa: E402
 from tools.studies.make_arith_task import make_task  # noqa: E402
 from tools.stats import t_interval  # noqa: E402

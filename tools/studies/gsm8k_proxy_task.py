@@ -36,7 +36,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
-from tools.grid.aggregate import COLORS  # noqa: E402
+from tools.grid.aggregate_figures import COLORS  # noqa: E402
 from tools.stats import t_interval  # noqa: E402
 from tools.studies.make_arith_task import make_task  # noqa: E402
 from tools.tiny_gsm8k import tiny_model  # noqa: E402
