@@ -22,7 +22,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
 from tools.tiny_gsm8k import write_gsm8k_jsonl, write_tiny_model  # noqa: E402
