@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tools.grid.aggregate import welch_contrast_interval
+from tools.stats import welch_contrast_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy.stats import trim_mean
 
-from tools.grid import aggregate, run_grid, run_records
+from tools.grid import aggregate, calibration, run_records
 from tools.studies import aggregate_round2 as r2
 
 TASKS = list(r2.TASKS2)
@@ -36,7 +36,7 @@ def q1_spec(vaco8=0.8, matched8=0.5):
 
 
 def test_window_tv_matches_the_runners_calibration():
-    """The per-run window TV of the aggregation is run_grid's (the one that chose ε), on the same record."""
+    """The per-run window TV of the aggregation is the calibration's (the one that chose ε), on the same record."""
     steps = list(range(100, 1001, 100))
     tv = {s: 0.01 * i for i, s in enumerate(steps)}
     args = {"exp_name": "ppo_mujoco", "env_id": "Hopper-v5", "lag": 0, "seed": 1, "total_timesteps": 1000}
@@ -44,7 +44,7 @@ def test_window_tv_matches_the_runners_calibration():
     final, runs = aggregate.build_tables([rec], log=lambda m: None)
     got = r2.window_tv_table(final, runs).window_tv.iloc[0]
     # steps in (200, 800]: 300..800 -> 0.02..0.07, mean 0.045
-    assert got == pytest.approx(run_grid.window_tv(rec)) and got == pytest.approx(0.045)
+    assert got == pytest.approx(calibration.window_tv(rec)) and got == pytest.approx(0.045)
 
 
 def test_iqm_difference_against_scipy():

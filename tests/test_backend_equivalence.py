@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 pytest.importorskip("envpool")
 torch.set_num_threads(1)
 
-from tools.grid import aggregate  # noqa: E402
+from tools.stats import welch_interval  # noqa: E402
 from tools.studies import backend_equivalence as be  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def test_intervals():
     mean, lo, hi, n = be.t_bounds([1.0, 2.0, 3.0])
     assert (mean, n) == (2.0, 3) and math.isclose(hi - mean, 4.302652729911275 / math.sqrt(3), rel_tol=1e-9)
     assert math.isnan(be.t_bounds([5.0])[1])
-    d, dlo, dhi = aggregate.welch_interval([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    d, dlo, dhi = welch_interval([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
     assert d == 0.0 and dlo < 0 < dhi
     assert be.overlap(0, 1, 1, 2) and not be.overlap(0, 1, 1.5, 2)
 

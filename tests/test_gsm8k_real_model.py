@@ -9,17 +9,12 @@ import json
 import math
 import os
 import re
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import safetensors
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
 from conftest import assert_wandb_holds_tensorboard  # noqa: E402

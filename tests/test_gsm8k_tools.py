@@ -3,14 +3,10 @@
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tools.bench import gsm8k_gpu_check as GC  # noqa: E402

@@ -6,17 +6,12 @@ offline model (tools/tiny_gsm8k.py)."""
 import collections
 import json
 import os
-import sys
 import types
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
 from tools.tiny_gsm8k import digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402

@@ -5,14 +5,12 @@ the grader gives the recorded completions today."""
 import csv
 import filecmp
 import shutil
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import vaco_gsm8k as V
+from tools.studies import smollm2_cpu as S
 
-import vaco_gsm8k as V  # noqa: E402
-from tools.studies import smollm2_cpu as S  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RECORD = ROOT / "results" / "smollm2_cpu"
 

@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tools.grid import aggregate, aggregate_figures, run_grid, run_records
+from tools.grid import aggregate, aggregate_figures, measures, run_grid, run_records
+from tools.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -653,11 +654,11 @@ def test_normalise():
 def test_t_interval():
     # Student-t half-widths: t(0.975, 2) = 4.3027, t(0.975, 9) = 2.2622 (tables), not 1.96
     v = np.array([1.0, 2.0, 6.0])
-    m, h, n = aggregate.t_interval(v)
+    m, h, n = t_interval(v)
     assert (m, n) == (3.0, 3) and h == pytest.approx(4.302653 * np.std(v, ddof=1) / np.sqrt(3), rel=1e-6)
     w = np.arange(10.0)
-    assert aggregate.t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
-    assert np.isnan(aggregate.t_interval([5.0])[1]) and aggregate.t_interval([np.nan, 2.0])[2] == 1
+    assert t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
+    assert np.isnan(t_interval([5.0])[1]) and t_interval([np.nan, 2.0])[2] == 1
 
 
 def test_difference_interval_against_exact_bootstrap():
@@ -805,7 +806,7 @@ def test_deciles_post_hoc(tmp_path):
     """Per-decile means against a loop over the steps with the boundaries written out; 1-9 and the whole run too."""
     steps = list(range(50, 1001, 50))  # 20 iterations, 2 per decile
     rs = np.random.RandomState(3)
-    values = {seed: {c: rs.rand(len(steps)) for c in aggregate.DECILE_COLUMNS} for seed in (1, 2, 3)}
+    values = {seed: {c: rs.rand(len(steps)) for c in measures.DECILE_COLUMNS} for seed in (1, 2, 3)}
     g = tmp_path / "g"
     for seed, cols in values.items():
         rec = synthetic_record("vaco", "TaskA-v0", 8, seed, 0.5, steps=steps)
@@ -817,7 +818,7 @@ def test_deciles_post_hoc(tmp_path):
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=5, log=lambda m: None)
     dec = pd.read_csv(tmp_path / "o" / "deciles.csv", comment="#", dtype={"decile": str}).set_index("decile")
     assert dec.index.tolist() == [*map(str, range(1, 11)), "1-9", "all"] and (dec.runs == 3).all()
-    for c in aggregate.DECILE_COLUMNS:
+    for c in measures.DECILE_COLUMNS:
         for d in range(1, 11):
             per_run = [
                 np.mean([v for s, v in zip(steps, values[k][c]) if (d - 1) * T / 10 < s <= d * T / 10]) for k in (1, 2, 3)
@@ -859,7 +860,7 @@ def test_curves_at_logged_points_only(tmp_path):
     res = aggregate.aggregate([g], tmp_path / "o", reference=ref, reps=20, curve_reps=20, log=lambda m: None)
     c = res["curves"]
     assert c.step.tolist() == [100, 500, 1000] and c.iqm.tolist() == pytest.approx([-5.0, -5.0, 0.4])
-    assert aggregate.curve_steps([pd.DataFrame({"step": np.arange(1, 101), "episodic_return": 1.0})], 5).tolist() == [
+    assert measures.curve_steps([pd.DataFrame({"step": np.arange(1, 101), "episodic_return": 1.0})], 5).tolist() == [
         1,
         26,
         51,
@@ -883,7 +884,7 @@ def test_figures(synthetic):
     ):
         assert name in res["written"] and (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     colors = aggregate_figures.colors_for(["impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine", "ppo[fixed]"])
-    assert colors["vaco"] == aggregate.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
+    assert colors["vaco"] == aggregate_figures.COLORS["vaco"] != colors["impala"] and colors["ppo[fixed]"] == colors["ppo"]
     assert len({colors[k] for k in ("impala", "vaco", "ppo", "spo", "vaco-nofilter", "mine")}) == 6
     assert colors == aggregate_figures.colors_for(
         ["ppo[fixed]", "mine", "vaco-nofilter", "spo", "ppo", "vaco", "impala"]

@@ -25,7 +25,6 @@ import torch
 from transformers import GenerationConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import vaco_gsm8k as V  # noqa: E402
 from tools.tiny_gsm8k import PROBLEMS, digit_fraction, write_gsm8k_jsonl, write_tiny_model  # noqa: E402

@@ -36,43 +36,32 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from rliable import library as rly
 from rliable import metrics
 
+from tools.grid import aggregate_figures
+from tools.grid.measures import (
+    AGG_METRICS,
+    DECILE_COLUMNS,
+    LAG_HI,
+    LAG_LO,
+    TV_TOLERANCE,
+    curve_steps,
+    delta_of,
+    is_ablation,
+    order_labels,
+    score_matrix,
+)
 from tools.grid.reference_scores import DEFAULT_REFERENCE, REFERENCE_ENVS, load_reference, measure_random, write_reference
-from tools.grid.run_records import RECORD_COLUMNS, VACO_DEFAULTS, NotARecord, collect_records, export_records
+from tools.grid.run_records import RECORD_COLUMNS, NotARecord, collect_records, export_records
+from tools.stats import bootstrap, t_interval, welch_contrast_interval
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCES = [REPO / "results" / "records" / f"tier{i}" for i in (1, 2, 3)]
 DEFAULT_OUT = "runs/aggregate"
 FINAL_FRACTION = 0.1  # final score = mean over the last 10% of training
-LAG_LO, LAG_HI = 0, 8  # the primary measure's lags
-TV_TOLERANCE = 0.25  # "near delta/2": within +-25% of delta/2 (pre-registered)
 TV_LAGS = (4, 8)
 PREREGISTERED_SEEDS = 10  # Tier 1's seeds per (algorithm, task, lag): fewer makes the verdict provisional
-DECILE_COLUMNS = {  # post hoc, not pre-registered
-    "episodic_return": "training episodic return (raw)",
-    "final_tv": "final TV",
-    "vaco_over_budget_frac": "fraction of minibatches over δ/2",
-    "vaco_filter_frac": "fraction of samples masked",
-}
-AGG_METRICS = {"iqm": "IQM", "mean": "Mean", "median": "Median of task means", "optimality_gap": "Optimality gap"}
 AGG_FUNCS = (metrics.aggregate_iqm, metrics.aggregate_mean, metrics.aggregate_median, metrics.aggregate_optimality_gap)
-COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
-    "ppo": "#1f77b4",
-    "ppo-clip0.3": "#6baed6",
-    "vaco": "#d62728",
-    "vaco-delta0.1": "#fc9272",
-    "vaco-delta0.4": "#67000d",
-    "spo": "#2ca02c",
-    "impala": "#ff7f0e",
-    "impala-1pass": "#a63603",
-    "vaco-norealign": "#9467bd",
-    "vaco-nofilter": "#8c564b",
-    "vaco-norealign-nofilter": "#e377c2",
-}
-EXTRA_COLORS = ["#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd"]
-MAIN_ALGOS = ("ppo", "vaco", "spo", "impala")
 SCORE_DEF = "final score = mean training episodic return over the last 10% of steps"
 NORM_DEF = "normalised: 0 = uniform-random actions, 1 = CleanRL PPO at 8M steps"
 WINDOW_DEF = "averaging window: logged steps > 0.9 x final step"
@@ -148,49 +137,6 @@ def normalise(scores, tasks, ref: pd.DataFrame | None):
 # ----------------------------------------------------------------------------------------------- statistics
 
 
-def t_interval(values, confidence=0.95) -> tuple[float, float, int]:
-    """(mean, half-width of the Student-t interval, n) of the finite values; half-width NaN for n < 2."""
-    from scipy import stats
-
-    v = np.asarray(values, float)
-    v = v[np.isfinite(v)]
-    if len(v) < 2:
-        return (float(v[0]) if len(v) else float("nan")), float("nan"), len(v)
-    return float(v.mean()), float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))), len(v)
-
-
-def welch_interval(a, b, confidence=0.95):
-    """(mean(a) - mean(b), lower, upper): Welch's t interval of the difference of two samples' means."""
-    from scipy import stats
-
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    d = float(a.mean() - b.mean())
-    if va + vb == 0:
-        return d, d, d
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, dof) * np.sqrt(va + vb))
-    return d, d - half, d + half
-
-
-def bootstrap(score_dict, func, reps, seed):
-    """rliable's stratified bootstrap (percentile intervals, 95%): {key: point}, {key: (2, ...) low/high}. An array
-    value is resampled as one (runs x tasks [x points]) matrix, a list value as independent matrices. rliable draws
-    from numpy's global generator: seeded here, so a fixed seed gives fixed intervals."""
-    np.random.seed(seed)
-    return rly.get_interval_estimates(score_dict, func, reps=reps)
-
-
-def score_matrix(df: pd.DataFrame, column="normalized_score", warn=None, tasks=None):
-    """(runs x tasks) matrix of `column` for one (algo, lag) slice, equal runs per task (lowest seeds kept)."""
-    tasks = tasks or sorted(df["task"].unique())
-    per_task = [df[df["task"] == t].sort_values("seed")[column].dropna().to_numpy(float) for t in tasks]
-    n = min(len(x) for x in per_task)
-    if warn and any(len(x) != n for x in per_task):
-        warn(f"unequal runs per task ({dict(zip(tasks, map(len, per_task)))}); using the {n} lowest seeds per task")
-    return np.stack([x[:n] for x in per_task], axis=1), tasks
-
-
 def aggregate_table(final: pd.DataFrame, reps: int, seed: int, log=print) -> pd.DataFrame:
     """Per (algo, lag): IQM / mean / median / optimality gap of the normalised final score over tasks and runs."""
     mats = {}
@@ -242,24 +188,6 @@ def difference_table(final, terms, name, reps, seed, extra=None) -> list[dict]:
     ]  # fmt: skip
 
 
-def welch_contrast_interval(mats, signs, confidence=0.95):
-    """The Welch t interval of sum(sign x cell mean) per task and pooled (the mean over tasks): variance
-    sum(s^2 / n) over the (cell, task) samples, degrees of freedom by Welch-Satterthwaite. Given beside the
-    percentile bootstrap, which undercovers at 5-10 runs per cell, where a reading rests on one end of an interval."""
-    from scipy import stats
-
-    dof = np.array([x.shape[0] - 1 for x in mats], float)[:, None]
-    v = np.stack([x.var(axis=0, ddof=1) / x.shape[0] for x in mats])  # (cells, tasks): s^2 / n
-    est = sum(s * x.mean(axis=0) for s, x in zip(signs, mats))
-    est = np.append(est, est.mean())
-    pooled = v / v.shape[1] ** 2
-    total = np.append(v.sum(axis=0), pooled.sum())
-    with np.errstate(invalid="ignore", divide="ignore"):  # no spread in any cell: no interval (NaN)
-        df = total**2 / np.append((v**2 / dof).sum(axis=0), (pooled**2 / dof).sum())
-        half = stats.t.ppf(0.5 + confidence / 2, df) * np.sqrt(total)
-    return est - half, est + half
-
-
 def in_mode_of(label: str, base: str) -> str:
     """The base algorithm's label in `label`'s lag mode (`ppo[fixed]` for `vaco[fixed]`): compared within one mode."""
     return base + (label[label.index("[") :] if "[" in label else "")
@@ -276,10 +204,6 @@ def degradation_table(final, reps, seed, base="ppo", lo=LAG_LO, hi=LAG_HI) -> pd
             terms = [(1, a, hi), (-1, a, lo), (-1, b, hi), (1, b, lo)]
             rows += difference_table(final, terms, "degradation_difference", reps, seed, {"algo": a, "vs": b})
     return pd.DataFrame(rows)
-
-
-def is_ablation(label: str) -> bool:
-    return label.startswith("vaco-")
 
 
 def ablation_table(final, reps, seed, lag=LAG_HI) -> pd.DataFrame:
@@ -375,18 +299,6 @@ def rise_table(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def curve_steps(runs_of_group: list[pd.DataFrame], max_points: int) -> np.ndarray:
-    """The steps at which every run of the group logged a return, thinned evenly to at most max_points."""
-    common = None
-    for d in runs_of_group:
-        s = set(d.loc[d["episodic_return"].notna(), "step"].astype(int)) if "episodic_return" in d else set()
-        common = s if common is None else common & s
-    steps = np.array(sorted(common or []))
-    if len(steps) > max_points:
-        steps = steps[np.unique(np.round(np.linspace(0, len(steps) - 1, max_points)).astype(int))]
-    return steps
-
-
 def curve_table(final, runs, ref, max_points, reps, seed, log=print) -> pd.DataFrame:
     """rliable's IQM curve of the normalised training return at logged steps, per (algo, lag)."""
     from scipy.stats import trim_mean
@@ -424,13 +336,6 @@ def curve_table(final, runs, ref, max_points, reps, seed, log=print) -> pd.DataF
 
 
 # ----------------------------------------------------------------------------------------------- verdict
-
-
-def delta_of(final: pd.DataFrame, label: str) -> float:
-    d = final[final["algo"] == label]
-    if "tv_threshold" in d and d["tv_threshold"].notna().any():
-        return float(d["tv_threshold"].dropna().iloc[0])
-    return VACO_DEFAULTS["tv_threshold"] if label.startswith("vaco") else float("nan")
 
 
 def _ci(r, sign="+") -> str:
@@ -582,10 +487,6 @@ def verdict_markdown(table: pd.DataFrame, verdict: str, final: pd.DataFrame, nor
     return "\n".join(lines) + "\n"
 
 
-def order_labels(labels):
-    return sorted(labels, key=lambda s: (MAIN_ALGOS.index(s.split("[")[0]) if s.split("[")[0] in MAIN_ALGOS else 99, s))
-
-
 # ----------------------------------------------------------------------------------------------- driver
 
 
@@ -664,8 +565,6 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
     (out / "verdict.md").write_text(md)
     written.append("verdict.md")
     if plots:
-        from tools.grid import aggregate_figures
-
         # Aggregates over tasks are drawn over the tasks every algorithm ran, so that like is compared with like.
         common = sorted(set.intersection(*(set(g.task) for _, g in final.groupby("algo"))))
         fc, f_agg, f_deg, f_abl, f_curves, f_poi, note = final, agg, deg, abl, curves, poi, ""

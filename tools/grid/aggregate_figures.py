@@ -5,7 +5,7 @@ per-task curves, final TV against lag, the post-hoc deciles).
 Every figure is laid out for the documentation's text column (WIDTH inches, about 750 px at a 1280-px window, so
 that 9-point text is about 12 px on screen), saved as a PNG at 200 dpi (sharp when scaled) and as an SVG beside it
 (the full-size view a page links to). Titles are short; the definitions are in the pages' captions and the CSVs'
-headers. Algorithms carry their display names (`display_name`) and one colour each (aggregate.COLORS); legends go
+headers. Algorithms carry their display names (`display_name`) and one colour each (COLORS); legends go
 below the panels, never over the points."""
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import re
 import numpy as np
 from rliable import library as rly
 
-from tools.grid.aggregate import (
+from tools.grid.measures import (
     AGG_METRICS,
-    COLORS,
     DECILE_COLUMNS,
-    EXTRA_COLORS,
     LAG_HI,
     LAG_LO,
     TV_TOLERANCE,
@@ -30,6 +28,20 @@ from tools.grid.aggregate import (
     score_matrix,
 )
 
+COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
+    "ppo": "#1f77b4",
+    "ppo-clip0.3": "#6baed6",
+    "vaco": "#d62728",
+    "vaco-delta0.1": "#fc9272",
+    "vaco-delta0.4": "#67000d",
+    "spo": "#2ca02c",
+    "impala": "#ff7f0e",
+    "impala-1pass": "#a63603",
+    "vaco-norealign": "#9467bd",
+    "vaco-nofilter": "#8c564b",
+    "vaco-norealign-nofilter": "#e377c2",
+}
+EXTRA_COLORS = ["#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd"]
 WIDTH = 7.5  # inches: the site's text column at a 1280-px window
 DPI = 200
 STYLE = {

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
 # The parameters that name a cell's folder on their own (the rest a grid varies go into its label).
 NAMED = ("env_id", "lag", "seed")
 # A parameter's name in a label, where the method's notation has one (the rest: the name without underscores).
@@ -130,3 +131,9 @@ def select(cells: list[Cell], where: list[str]) -> list[Cell]:
                 raise ValueError(f"--where {condition}: {key} is never {text} in the sweep (its values: {listed})")
         chosen = [cell for cell in chosen if any(same_value(given, cell.params[key]) for given in wanted)]
     return chosen
+
+
+def sweep_values(stem: str, key: str) -> list:
+    """The values a sweep file gives a parameter (`values`, or `[value]`)."""
+    spec = yaml.safe_load((SWEEPS / f"{stem}.yaml").read_text())["parameters"][key]
+    return list(spec["values"]) if "values" in spec else [spec["value"]]

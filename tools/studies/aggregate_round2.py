@@ -24,7 +24,9 @@ import pandas as pd
 from rliable import metrics
 
 from tools.grid import aggregate
-from tools.grid.run_grid import TV_WINDOW, calibrate
+from tools.grid.calibration import TV_WINDOW, calibrate
+from tools.grid.measures import score_matrix
+from tools.stats import bootstrap, t_interval
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "results" / "records"
@@ -63,8 +65,8 @@ def iqm_difference(final, x, y, lag, tasks, reps, seed) -> dict | None:
     cx, cy = cell(final, x, lag, tasks), cell(final, y, lag, tasks)
     if set(cx.task) != set(tasks) or set(cy.task) != set(tasks):
         return None
-    mats = [aggregate.score_matrix(c, tasks=list(tasks))[0] for c in (cx, cy)]
-    point, ci = aggregate.bootstrap(
+    mats = [score_matrix(c, tasks=list(tasks))[0] for c in (cx, cy)]
+    point, ci = bootstrap(
         {"d": mats}, lambda a, b: np.array([metrics.aggregate_iqm(a) - metrics.aggregate_iqm(b)]), reps, seed
     )
     return {
@@ -79,8 +81,8 @@ def iqm(final, algo, lag, tasks, reps, seed) -> dict | None:
     c = cell(final, algo, lag, tasks)
     if set(c.task) != set(tasks):
         return None
-    x = aggregate.score_matrix(c, tasks=list(tasks))[0]
-    point, ci = aggregate.bootstrap({"i": x}, lambda a: np.array([metrics.aggregate_iqm(a)]), reps, seed)
+    x = score_matrix(c, tasks=list(tasks))[0]
+    point, ci = bootstrap({"i": x}, lambda a: np.array([metrics.aggregate_iqm(a)]), reps, seed)
     return {"estimate": point["i"][0], "ci_low": ci["i"][0, 0], "ci_high": ci["i"][1, 0], "runs": len(x)}
 
 
@@ -232,7 +234,7 @@ def question3(final, reps, seed) -> tuple[Question, str]:
     q = Question(3, "HalfCheetah-v5 as a third task", PLANNED[3], runs_in(final, cells, [CHEETAH]))
     learned = []
     for a in ("ppo", "vaco"):
-        mean, half, n = aggregate.t_interval(cell(final, a, 0, [CHEETAH]).normalized_score)
+        mean, half, n = t_interval(cell(final, a, 0, [CHEETAH]).normalized_score)
         r = {"estimate": mean, "ci_low": mean - half, "ci_high": mean + half} if n >= 2 else None
         q.measure(f"mean normalised score of {a} at lag 0 (t-interval)", r, CHEETAH)
         learned.append(

@@ -66,8 +66,8 @@ def run_name(env_id, backend, seed):
 
 
 def t_bounds(values, confidence=0.95):
-    """(mean, lower, upper, n): aggregate.t_interval's Student-t interval of the mean as its two ends."""
-    from tools.grid.aggregate import t_interval
+    """(mean, lower, upper, n): tools/stats.py's Student-t interval of the mean as its two ends."""
+    from tools.stats import t_interval
 
     mean, half, n = t_interval(values, confidence)
     return mean, mean - half, mean + half, n
@@ -403,7 +403,7 @@ def evaluate_all(opts, log=print) -> list[dict]:
 
 def eval_table(rows) -> list[dict]:
     """Per policy: each backend's mean return with a t interval, the difference with a Welch interval."""
-    from tools.grid.aggregate import welch_interval
+    from tools.stats import welch_interval
 
     by = {}
     for r in rows:

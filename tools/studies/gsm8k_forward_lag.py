@@ -37,9 +37,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
 from tools import readings  # noqa: E402
-from tools.grid.aggregate import COLORS, t_interval  # noqa: E402
+from tools.grid.aggregate_figures import COLORS  # noqa: E402
 from tools.studies.gsm8k_proxy_task import mean_interval, supervise, write_rows  # noqa: E402
 from tools.studies.make_arith_task import make_task  # noqa: E402
+from tools.stats import t_interval  # noqa: E402
 
 MAX_NEW_TOKENS = 24  # as tools/studies/gsm8k_proxy_task.py: the longest rationale plus the stop token fits
 TASK = {"max_number": 6, "train_size": 2000, "sft_target": 0.3, "sft_max_steps": 3000}

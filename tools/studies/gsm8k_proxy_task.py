@@ -36,7 +36,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vaco_gsm8k as V  # noqa: E402
-from tools.grid.aggregate import COLORS, t_interval  # noqa: E402
+from tools.grid.aggregate_figures import COLORS  # noqa: E402
+from tools.stats import t_interval  # noqa: E402
 from tools.studies.make_arith_task import make_task  # noqa: E402
 from tools.tiny_gsm8k import tiny_model  # noqa: E402
 
@@ -296,7 +297,7 @@ def replot(out: str):
 
 
 def mean_interval(values) -> str:
-    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/grid/aggregate.py's interval."""
+    """mean [95% Student-t interval] over seeds (the mean alone for one seed), tools/stats.py's interval."""
     mean, half, _ = t_interval(values)
     return f"{mean:.3f}" if np.isnan(half) else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from tools.grid.run_records import collect_records
 from tools.readings import reading, value
+from tools.stats import pooled_sd, welch_contrast_interval
 
 RECORDS = Path("results/records/paper_pilot")
 GRID_RECORDS = Path("results/records/tier1")  # the evidence grid at 2,048 samples per iteration
@@ -97,21 +98,11 @@ def grid_filter(records) -> tuple[float, float]:
 
 
 def contrast(samples: dict) -> tuple[float, float, float]:
-    """D and its 95% Welch interval: the variance sum(s^2/n) over the cells, degrees of freedom by Welch-Satterthwaite."""
-    from scipy import stats
-
-    cells = [np.asarray(samples[cell], float) for cell in SIGNS]
+    """D and its 95% Welch interval (tools/stats.py's interval of a contrast of cell means, one task)."""
+    cells = [np.asarray(samples[cell], float)[:, None] for cell in SIGNS]
     estimate = sum(sign * x.mean() for sign, x in zip(SIGNS.values(), cells))
-    v = np.array([x.var(ddof=1) / len(x) for x in cells])
-    dof = (v.sum() ** 2) / (v**2 / np.array([len(x) - 1 for x in cells])).sum()
-    half = stats.t.ppf(0.975, dof) * np.sqrt(v.sum())
-    return float(estimate), float(estimate - half), float(estimate + half)
-
-
-def pooled_sd(samples: dict) -> float:
-    """The per-cell standard deviation pooled over the cells (each cell's variance weighted by its n - 1)."""
-    cells = [np.asarray(x, float) for x in samples.values() if len(x) > 1]
-    return float(np.sqrt(sum((len(x) - 1) * x.var(ddof=1) for x in cells) / sum(len(x) - 1 for x in cells)))
+    (low, _), (high, _) = welch_contrast_interval(cells, list(SIGNS.values()))
+    return float(estimate), float(low), float(high)
 
 
 def seeds_needed(sd: float) -> tuple[int, int]:

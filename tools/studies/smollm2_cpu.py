@@ -208,7 +208,7 @@ def summarize(args):
     """summary.md from record.json, metrics.csv, eval.csv, completions.json and load.csv."""
     import vaco_gsm8k as V
     from tools import readings
-    from tools.grid.aggregate import t_interval, welch_interval
+    from tools.stats import t_interval, welch_interval
 
     out = args.out
     with open(os.path.join(out, "record.json")) as handle:
