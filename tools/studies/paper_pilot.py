@@ -44,8 +44,8 @@ SEEDS = (1, 2)
 LAGS = (0, 8)
 ALGOS = ("ppo", "vaco")
 # The paper's shape and budget; the rest of the defaults are the paper's too (10 epochs x 32 minibatches, PPO's
-# clip 0.2, VACO's delta 0.2). --torch-threads 2: bit-identical run to run and 1.12-1.33x one thread at this shape
-# (docs/throughput.md#threads); a resume keeps it. Checkpoints every 2 iterations (1-3 minutes).
+# clip 0.2, VACO's delta 0.2). --torch-threads 2: the same bits run to run (its speed against one thread:
+# docs/throughput.md#threads); a resume keeps it. Checkpoints every 2 iterations.
 FLAGS = (
     f"--env-id {TASK} --num-envs 500 --num-steps 1000 --total-timesteps 100000000 --lag-mode uniform"
     " --eval-episodes 10 --env-backend envpool --env-threads 2 --torch-threads 2 --checkpoint-every 2"
