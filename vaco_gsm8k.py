@@ -48,11 +48,14 @@ gradients summed, so the update is the single-process one. A run checkpoints to 
 continues with `--resume`; SIGINT and SIGTERM save what was asked and stop. The run folder holds only what a run
 writes (run.json names the script and the run), is locked while a process uses it, and is written atomically.
 
-Reading order: the method (GRPO's advantages, the two losses, the log-probs); the loop (`iterate`) and one
-iteration's phases in the order it calls them (`draw_generating_policy`, `generate_batch`, `rewards_and_advantages`,
-`behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`); the reward; the command line and its checks;
-data, model and generation; `Run`, what the phases share; the run folder; the run's plumbing (`claim_run_dir`,
-`start`, `restore`, `write_run_start`, `evaluate`, `save_checkpoint`, `finish`); last `train()`, which runs them.
+Reading order: the algorithm, then `main`, then the run's plumbing. The algorithm: the method (GRPO's advantages,
+the two losses, the log-probs); the loop (`iterate`) and one iteration's phases in the order it calls them
+(`draw_generating_policy`, `generate_batch`, `rewards_and_advantages`, `behaviour_logprobs`, `update`,
+`final_divergence`); the reward; generation and scoring; the flags (`Args`), what a run derives from them (`Setup`)
+and its training state (`State`, what a checkpoint holds). `main` runs `start_run`, `iterate` and `finish`. The
+plumbing: the flags' checks, the run folder, the checkpoint's format, the start (`claim_run_dir`, `start_run`,
+`load_data_and_model`, `initial_state`, `restore_checkpoint`), signals and checkpoints (`save_checkpoint`), logging
+(`log_iteration`), evaluation and the end (`evaluate`, `finish`).
 
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
@@ -65,7 +68,7 @@ Usage:
 import signal
 
 # Ctrl-C while the libraries below load (seconds) ends the process quietly, not with a traceback from inside an import;
-# train() installs the run's own handler once the run starts. Only as a script: an importer keeps its handler.
+# iterate() installs the run's own handler once the run starts. Only as a script: an importer keeps its handler.
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -113,9 +116,12 @@ huggingface_hub.utils.disable_progress_bars()
 
 RUN_FORMAT = 1  # of run.json and of the checkpoint's header: a resume reads only its own format
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]  # run.json's "script": whose run a folder holds
+
 # ======================================================================================================================
 # The method (docs/method.md §4): GRPO's advantages, the two policy losses, the log-probs they compare.
 # ======================================================================================================================
+
+
 ADV_EPS = 1e-4
 
 
@@ -278,7 +284,7 @@ def completion_logprobs(
 # ======================================================================================================================
 # The loop: the iterations, then one iteration's phases in the order iterate() calls them: draw the generating
 # policy (backward lag), generate one batch of K minibatches (forward lag), rewards and advantages, behaviour
-# log-probs, K optimizer steps, the final divergence, the logs. What they share is a Run (below).
+# log-probs, K optimizer steps, the final divergence. What they share is a Setup and a State (below).
 # ======================================================================================================================
 
 
@@ -563,6 +569,28 @@ def final_divergence(setup: "Setup", state: "State", minibatches: list[dict]) ->
     return 0.5 * deviation / max(count, 1.0)
 
 
+def sum_gradients(setup: "Setup", state: "State"):
+    """Under torchrun, the sum of the gradients over ranks: each rank's loss is already divided by the global count."""
+    if not setup.distributed:
+        return
+    for parameter in state.model.parameters():
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in state.model.parameters()]
+    for handle in handles:
+        handle.wait()
+
+
+def snapshot(model) -> dict:
+    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
+    input embedding) stay one tensor, held and checkpointed once."""
+    copies = {}
+    for value in model.state_dict().values():
+        if value.data_ptr() not in copies:
+            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
+    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
+
+
 def sample_std(count: float, total: float, squares: float) -> float:
     """The std with Bessel's correction of `count` values from their sum and sum of squares (all ranks' sums)."""
     return math.sqrt(max(squares - total * total / count, 0.0) / max(count - 1, 1.0))
@@ -636,165 +664,6 @@ def step_record(
     return step
 
 
-# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
-# the quantity is the same. The x-axis is the optimizer step.
-STEP_TAGS = {
-    "policy_loss": "losses/policy_loss",
-    "approx_kl": "losses/approx_kl",
-    "reference_kl": "losses/reference_kl",
-    "grad_norm": "losses/grad_norm",
-    "clip_fraction": "losses/clipfrac",
-    "clip_ratio_low": "losses/clip_ratio_low",
-    "clip_ratio_high": "losses/clip_ratio_high",
-    "entropy": "losses/entropy",
-    "learning_rate": "charts/learning_rate",
-    "tv": "vaco/tv",
-    "filter_fraction": "vaco/filter_frac",
-    "filter_completion_fraction": "vaco/filter_completion_frac",
-}
-ITERATION_TAGS = {
-    "reward": "charts/reward",
-    "reward_std": "charts/reward_std",
-    "reward_std_batch": "charts/reward_std_batch",
-    "accuracy": "charts/accuracy",
-    "format_rate": "charts/format_rate",
-    "response_length": "charts/response_length",
-    "response_length_min": "charts/response_length_min",
-    "response_length_max": "charts/response_length_max",
-    "truncated_fraction": "charts/truncated_fraction",
-    "tokens_seen": "charts/num_tokens",
-    "zero_std_fraction": "charts/zero_std_fraction",
-    "staleness": "lag/staleness_mean",
-    "tv_backward": "lag/backward_tv",
-    "tv_final": "lag/final_tv",
-    "over_budget_fraction": "vaco/over_budget_frac",
-    "generation_tokens_per_s": "perf/generation_tokens_per_s",
-    "training_tokens_per_s": "perf/training_tokens_per_s",
-}
-
-
-def log_step(setup: "Setup", state: "State", step: dict):
-    if setup.main_process:
-        for key, tag in STEP_TAGS.items():
-            if key in step:
-                setup.writer.add_scalar(tag, step[key], state.counters["global_step"])
-
-
-def log_iteration(
-    setup: "Setup", state: "State", iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv
-):
-    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
-    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
-    of this rank's training passes."""
-    args, counters = setup.args, state.counters
-    counters["tokens_seen"] += int(tokens["sequences"])
-    wall = time.perf_counter() - setup.iteration_start
-    record = {
-        "step": counters["global_step"],
-        "iteration": iteration,
-        **rollout,
-        "tokens_seen": counters["tokens_seen"],
-        "staleness": staleness,
-        "tv_backward": steps[0]["tv"],
-        "tv_final": final_tv,
-        "generation_tokens_per_s": tokens["completions"] / setup.timers["generation"],
-        "training_tokens_per_s": setup.all_reduce([float(tokens["trained"])])[0] / setup.timers["training"],
-        "iteration_seconds": wall,
-        "other_seconds": wall - sum(setup.timers.values()),
-    }
-    record.update({f"{phase}_seconds": seconds for phase, seconds in setup.timers.items()})
-    if args.loss == "vaco":
-        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
-    state.history["steps"] += steps
-    state.history["iterations"].append(record)
-    if not setup.main_process:
-        return
-    for key, value in record.items():
-        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
-        tag = tag or (key if key.startswith("rewards/") else None)  # each reward function's mean, TRL's name
-        if tag and value is not None:
-            setup.writer.add_scalar(tag, value, counters["global_step"])
-    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
-    # This process's time and, at its pace so far, the time left (the final evaluation not counted).
-    elapsed = time.time() - setup.start_time
-    left = elapsed / (iteration - state.first_iteration + 1) * (setup.num_iterations - iteration)
-    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
-    print(
-        f"iter {iteration}/{setup.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
-        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
-        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
-        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-        f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
-        flush=True,
-    )
-
-
-def log_completions(setup: "Setup", state: "State", iteration: int, generated: dict):
-    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
-    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
-    log_completions): what the model writes, and what the reward made of it."""
-    every, count = setup.args.log_completions_every, min(setup.args.num_completions_to_log, generated["input_ids"].shape[0])
-    if not setup.main_process or not count or not every or (iteration != 1 and iteration % every):
-        return
-    rows = take_rows(generated, slice(0, count))
-    width = rows["completion_mask"].shape[1]
-    prompts = [
-        setup.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
-        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
-    ]
-    completions = decode_completions(setup.tokenizer, rows)
-    table = [
-        [state.counters["global_step"], prompt, completion, float(reward), float(advantage)]
-        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
-    ]
-    text = "\n\n".join(
-        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
-        + prompt.replace("\n", "\n    ")
-        + "\n\ncompletion:\n\n    "
-        + completion.replace("\n", "\n    ")
-        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
-    )
-    setup.writer.add_text("completions", text, state.counters["global_step"])
-    if setup.args.track:
-        import wandb
-
-        columns = ["step", "prompt", "completion", "reward", "advantage"]
-        log_to_wandb({"completions": wandb.Table(columns=columns, data=table)}, state.counters["global_step"])
-
-
-NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
-
-
-def warn_if_no_signal(setup: "Setup", state: "State"):
-    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
-    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
-    streak = 0  # the last iterations in a row with no signal
-    for record in reversed(state.history["iterations"]):
-        if record["zero_std_fraction"] < 1:
-            break
-        streak += 1
-    if not setup.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
-        return
-    records = state.history["iterations"][-NO_SIGNAL_ITERATIONS:]
-    reward = np.mean([r["reward"] for r in records])
-    truncated = np.mean([r["truncated_fraction"] for r in records])
-    formatted = np.mean([r["format_rate"] for r in records])
-    print(
-        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
-        f"{setup.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
-        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
-        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
-        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
-        flush=True,
-    )
-
-
-def hours_minutes_seconds(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-
-
 # ======================================================================================================================
 # The reward (docs/method.md §4.1): the answer a completion gives, against the reference.
 # ======================================================================================================================
@@ -803,11 +672,23 @@ def hours_minutes_seconds(seconds: float) -> str:
 # Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
 # letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
+
+
 LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
+
+
 ANY_NUMBER_RE = re.compile(rf"(?<![\w.,/]){NUMBER}")  # not the tail of `3/4` or `3,5` either
+
+
 THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
 DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
+
+
 LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
+
+
 BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -927,11 +808,102 @@ def reward_table(functions, completions: list[str], rows: list[tuple[str, float]
 
 
 # ======================================================================================================================
-# The command line: the flags and their checks (read-only: nothing is made or written).
+# Generation and scoring: the completions of a batch of prompts, and their log-probs under a model.
+# ======================================================================================================================
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
+    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
+
+    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
+    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
+    cut at `max_new_tokens`.
+    """
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    chunk = chunk or len(prompts)
+    pieces = [
+        model.generate(
+            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
+        )
+        for i in range(0, len(prompts), chunk)
+    ]
+    width = max(piece.shape[1] for piece in pieces)
+    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
+    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
+
+
+def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
+    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
+    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
+    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
+    completion = completion.masked_fill(~completion_mask, pad_id)
+    return {
+        "input_ids": torch.cat([prompt_ids, completion], dim=1),
+        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        "completion_mask": completion_mask,
+        "truncated": ~is_stop.any(-1),
+    }
+
+
+def take_rows(batch: dict, rows: slice) -> dict:
+    return {key: value[rows] for key, value in batch.items()}
+
+
+def micro_batches(batch: dict, size: int):
+    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
+
+    The behaviour, training and final-TV passes all score the same slices, so with no lag the
+    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
+    """
+    num_completion = batch["completion_mask"].shape[1]
+    for start in range(0, batch["input_ids"].shape[0], size):
+        ids = batch["input_ids"][start : start + size]
+        mask = batch["attention_mask"][start : start + size]
+        completion_mask = batch["completion_mask"][start : start + size]
+        first = int(mask.any(0).nonzero()[0])
+        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
+        end = ids.shape[1] - num_completion + keep
+        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
+
+
+def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
+    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
+    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
+    with torch.no_grad(), autocast():
+        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
+            if limit is not None and n >= limit:
+                break
+            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
+            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
+    return out
+
+
+def decode_completions(tokenizer, batch: dict) -> list[str]:
+    num_completion = batch["completion_mask"].shape[1]
+    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
+
+
+# ======================================================================================================================
+# The command line's flags (their checks are in the plumbing), what a run derives from them (Setup) and the
+# training state that the iterations move on and a checkpoint holds (State); then main, which runs the phases.
 # ======================================================================================================================
 
 
 GSM8K_ID = "openai/gsm8k"
+
+
 INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, in the form '#### <number>'."
 
 
@@ -1086,6 +1058,129 @@ class Args:
     """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
 
 
+@dataclass
+class Setup:
+    """What a start derives from the arguments, the same all run long (the data, the tokenizer, the sizes, the sampling
+    set-up, where the process runs), and this process's own resources (the writer, the phase clocks). Nothing here is
+    checkpointed: a resume derives it again from the same arguments."""
+
+    args: Args
+    rank: int
+    world: int
+    run_dir: str
+    device: torch.device
+    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
+    use_bf16: bool
+    tokenizer: object
+    stop_ids: list[int]
+    pad_id: int
+    sample_config: GenerationConfig
+    greedy_config: GenerationConfig
+    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
+    train_rows: list[tuple[str, float]]
+    eval_rows: list[tuple[str, float]]
+    train_prompts: list[list[int]]
+    eval_prompts: list[list[int]]
+    num_iterations: int
+    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
+    local_sequences: int
+    single_pass: bool  # this rank's share of a minibatch is one micro-batch
+    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
+    reward_functions: list  # (name, function, weight) of each reward function
+    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
+    writer: Optional[SummaryWriter] = None  # the main process's
+    start_time: float = 0.0
+    iteration_start: float = 0.0
+    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
+
+    @property
+    def main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.args.forward_lag * self.args.num_epochs
+
+    def all_reduce(self, values: list[float], op=None) -> list[float]:
+        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start_clock(self):
+        """A new iteration: its phase timers start from zero."""
+        self.timers = collections.Counter()
+        self.iteration_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        self.synchronize()
+        begin = time.perf_counter()
+        yield
+        self.synchronize()
+        self.timers[phase] += time.perf_counter() - begin
+
+
+@dataclass
+class State:
+    """The training state: what the iterations move on and a checkpoint saves (save_checkpoint), made by
+    initial_state and loaded by restore_checkpoint, with the models that use its weights (the generator, the
+    reference)."""
+
+    model: torch.nn.Module
+    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
+    optimizer: torch.optim.Optimizer
+    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
+    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
+    order: collections.deque  # the training rows still to be drawn, in their order
+    run_name: str
+    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
+    reference: Optional[torch.nn.Module] = None  # with --beta and no LoRA: the frozen initial model
+    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
+    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
+    first_iteration: int = 1
+    wandb_id: Optional[str] = None
+
+
+def main(args: Args) -> dict:
+    """Run the experiment: the start (the run folder, the data and model, the state fresh or from the checkpoint), the
+    iterations, the end. Returns the per-step, per-iteration and evaluation histories."""
+    try:
+        check_args(args)
+    except ValueError as error:
+        refuse(str(error))
+    setup, state, finished = start_run(args)
+    if finished:
+        return state.history
+    try:
+        finish(setup, state, iterate(setup, state))
+    except OSError as error:  # a full disk, a read-only or vanished folder: the last checkpoint stays whole
+        print(f"error: cannot write {error.filename or setup.run_dir}: {error.strerror or error}", file=sys.stderr)
+        raise SystemExit(1)
+    return state.history
+
+
+# ======================================================================================================================
+# The run's plumbing: validation, the run folder, the data and the model, checkpoints, signals, logging, saving and
+# evaluation: nothing below is the algorithm, which reads above (the functions and main).
+# ======================================================================================================================
+
+# ---------------------------------------------------------------- the flags' checks (read-only: nothing is made or written)
+
+
 def refuse(message: str):
     """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
     print("error: " + " ".join(line.strip() for line in message.strip().splitlines()), file=sys.stderr)
@@ -1168,6 +1263,8 @@ CHECKS = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
+
+
 # What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
 # the iteration count extends or shortens a run (with a constant learning rate: `schedule_change`); the rest only logs
 # or saves.
@@ -1184,7 +1281,11 @@ RESUME_MAY_CHANGE = {
     "log_completions_every",
     "num_completions_to_log",
 }
+
+
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
+
+
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
 
 
@@ -1296,385 +1397,38 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
     return args
 
 
-# ======================================================================================================================
-# Data, model and generation.
-# ======================================================================================================================
+# ---------------------------------------------------------------- the run folder
 
-
-def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
-    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
-    bad lines exit 2."""
-    rows = []
-    try:
-        handle = open(path, "rb")
-    except OSError as error:
-        refuse(f"cannot read {path}: {error.strerror}")
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                refuse(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                refuse(f"{path}:{number}: malformed JSON line ({error.msg})")
-            rows.append(check_row(record, f"{path}:{number}", fields))
-    if not rows:
-        refuse(f"{path}: no rows")
-    return rows
-
-
-def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
-    question, answer = fields
-    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
-        refuse(f"{where}: expected an object with string fields '{question}' and '{answer}'")
-    reference = reference_answer(record[answer])
-    if reference is None:
-        refuse(f"{where}: '{answer}' does not end in '#### <number>'")
-    return record[question], reference
-
-
-def hub_resolvable() -> bool:
-    """Whether the hub's host name resolves. With no network this fails at once, where the hub
-    clients would retry for about 30 s (printing a line per retry) before giving up."""
-    try:
-        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
-    except OSError:
-        return False
-    return True
-
-
-def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
-    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
-    if path is not None:
-        return load_jsonl(path, fields)
-    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
-    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
-        refuse(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
-    import datasets  # only needed for the hub data; importing it costs seconds
-
-    try:
-        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
-    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
-        refuse(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
-    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
-
-
-def model_files(path: str) -> tuple[str, Optional[str]]:
-    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
-    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
-    if os.path.isfile(path):
-        return os.path.dirname(path) or ".", os.path.basename(path)
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path, None
-    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
-    return path, ggufs[0] if len(ggufs) == 1 else None
-
-
-def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
-    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
-    a local model (a missing tokenizer file, a truncated model.safetensors)."""
-    local = looks_like_path(model_id)
-    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
-    # With no network, a model already in the hub cache still loads, and no download is attempted.
-    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    part = "tokenizer"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
-        part = "model"
-        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
-        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
-    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
-        if local:
-            refuse(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
-        refuse(
-            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
-            "with no network, pass a local model folder: --model-id /path/to/model"
-        )
-    if gguf_file:
-        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
-        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model, tokenizer
-
-
-def keep_output_head_fp32(model):
-    """Under bf16 autocast, compute the output projection (the logits) in fp32.
-
-    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
-    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
-    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
-    """
-    saved = []
-
-    def before(module, inputs):
-        device_type = inputs[0].device.type
-        saved.append(torch.is_autocast_enabled(device_type))
-        torch.set_autocast_enabled(device_type, False)
-        return tuple(x.float() for x in inputs)
-
-    def after(module, inputs, output):
-        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
-
-    head = model.get_output_embeddings()
-    head.register_forward_pre_hook(before)
-    head.register_forward_hook(after)
-
-
-def trainable_policy(model, args: Args):
-    """The model that trains and the frozen reference of --beta. With --lora-r, peft's LoRA adapters on the model
-    (their B initialised to 0: the initial policy is the base model's), and no reference copy: the model with its
-    adapters off is the reference. Without, the model itself, and a frozen copy of it when --beta is not 0."""
-    if args.lora_r:
-        import peft
-
-        warnings.filterwarnings("ignore", module=r"peft(\.|$)")  # a quiet log, as transformers' (its save's guesses)
-        modules = args.lora_target_modules
-        targets = modules if modules == "all-linear" else [name.strip() for name in modules.split(",")]
-        config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets)
-        try:
-            return peft.get_peft_model(model, config), None
-        except ValueError as error:  # target modules not found in the model
-            refuse(f"--lora-target-modules {modules}: {error}")
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if args.beta else None
-    return model, reference
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return sorted(set(eos) | {tokenizer.eos_token_id})
-
-
-def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
-    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
-    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
-    args = args or Args()
-    message = f"{question}\n{args.instruction}" if args.instruction else question
-    if tokenizer.chat_template and args.chat_template:
-        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
-        text = tokenizer.apply_chat_template(
-            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, width - len(sequence) :] = 1
-    return ids, mask
-
-
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
-    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
-
-    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
-    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
-    cut at `max_new_tokens`.
-    """
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    chunk = chunk or len(prompts)
-    pieces = [
-        model.generate(
-            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
-        )
-        for i in range(0, len(prompts), chunk)
-    ]
-    width = max(piece.shape[1] for piece in pieces)
-    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
-    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
-
-
-def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
-    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
-    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
-    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
-    completion = completion.masked_fill(~completion_mask, pad_id)
-    return {
-        "input_ids": torch.cat([prompt_ids, completion], dim=1),
-        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
-        "completion_mask": completion_mask,
-        "truncated": ~is_stop.any(-1),
-    }
-
-
-def take_rows(batch: dict, rows: slice) -> dict:
-    return {key: value[rows] for key, value in batch.items()}
-
-
-def micro_batches(batch: dict, size: int):
-    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
-
-    The behaviour, training and final-TV passes all score the same slices, so with no lag the
-    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
-    """
-    num_completion = batch["completion_mask"].shape[1]
-    for start in range(0, batch["input_ids"].shape[0], size):
-        ids = batch["input_ids"][start : start + size]
-        mask = batch["attention_mask"][start : start + size]
-        completion_mask = batch["completion_mask"][start : start + size]
-        first = int(mask.any(0).nonzero()[0])
-        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
-        end = ids.shape[1] - num_completion + keep
-        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
-
-
-def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
-    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
-    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
-    with torch.no_grad(), autocast():
-        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
-            if limit is not None and n >= limit:
-                break
-            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
-            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
-    return out
-
-
-def decode_completions(tokenizer, batch: dict) -> list[str]:
-    num_completion = batch["completion_mask"].shape[1]
-    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
-
-
-# ======================================================================================================================
-# What the phases of a run share.
-# ======================================================================================================================
-
-
-@dataclass
-class Setup:
-    """What a start derives from the arguments, the same all run long (the data, the tokenizer, the sizes, the sampling
-    set-up, where the process runs), and this process's own resources (the writer, the phase clocks). Nothing here is
-    checkpointed: a resume derives it again from the same arguments."""
-
-    args: Args
-    rank: int
-    world: int
-    run_dir: str
-    device: torch.device
-    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
-    use_bf16: bool
-    tokenizer: object
-    stop_ids: list[int]
-    pad_id: int
-    sample_config: GenerationConfig
-    greedy_config: GenerationConfig
-    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
-    train_rows: list[tuple[str, float]]
-    eval_rows: list[tuple[str, float]]
-    train_prompts: list[list[int]]
-    eval_prompts: list[list[int]]
-    num_iterations: int
-    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
-    local_sequences: int
-    single_pass: bool  # this rank's share of a minibatch is one micro-batch
-    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
-    reward_functions: list  # (name, function, weight) of each reward function
-    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
-    writer: Optional[SummaryWriter] = None  # the main process's
-    start_time: float = 0.0
-    iteration_start: float = 0.0
-    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
-
-    @property
-    def main_process(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.args.forward_lag * self.args.num_epochs
-
-    def all_reduce(self, values: list[float], op=None) -> list[float]:
-        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
-        if not self.distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
-        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
-
-    def synchronize(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def start_clock(self):
-        """A new iteration: its phase timers start from zero."""
-        self.timers = collections.Counter()
-        self.iteration_start = time.perf_counter()
-
-    @contextlib.contextmanager
-    def timed(self, phase: str):
-        self.synchronize()
-        begin = time.perf_counter()
-        yield
-        self.synchronize()
-        self.timers[phase] += time.perf_counter() - begin
-
-
-@dataclass
-class State:
-    """The training state: what the iterations move on and a checkpoint saves (save_checkpoint), made by
-    initial_state and loaded by restore_checkpoint, with the models that use its weights (the generator, the
-    reference)."""
-
-    model: torch.nn.Module
-    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
-    optimizer: torch.optim.Optimizer
-    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
-    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
-    order: collections.deque  # the training rows still to be drawn, in their order
-    run_name: str
-    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
-    reference: Optional[torch.nn.Module] = None  # with --beta and no LoRA: the frozen initial model
-    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
-    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
-    first_iteration: int = 1
-    wandb_id: Optional[str] = None
-
-
-# ======================================================================================================================
-# The run folder. A run of this script writes only the entries below into it; run.json makes a folder a run. Every
-# check is read-only and made before anything is written, then again under the folder's lock (claim_run_dir).
-# ======================================================================================================================
+# A run of this script writes only the entries below into it; run.json makes a folder a run. Every check is
+# read-only and made before anything is written, then again under the folder's lock (claim_run_dir).
 
 
 RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary.json", "run.lock"
+
+
 CHECKPOINT = "checkpoint.pt"
+
+
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
+
+
 RUN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+
+
 WANDB_LOST = []  # why wandb stopped taking this process's scalars (log_to_wandb), if it did
+
+
 OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
+
+
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
+
+
 CHECKPOINT_HEADER_BYTES = (
     256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
 )
+
+
 VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
 
 
@@ -2061,10 +1815,7 @@ def load_checkpoint(path: str) -> dict:
         return torch.load(Payload(handle, CHECKPOINT_HEADER_BYTES), map_location="cpu", weights_only=False)
 
 
-# ======================================================================================================================
-# The run's plumbing: the run folder's claim, set-up, resume, the run folder's files and logs, evaluation,
-# checkpoints, the end of the run.
-# ======================================================================================================================
+# ---------------------------------------------------------------- the start: the claim, data and model, training state
 
 
 @dataclass
@@ -2080,7 +1831,7 @@ class Claim:
 
 
 # The descriptor of the main process's locked run.lock, open while the process lives: closing any descriptor of the
-# file releases the process's lock on it (POSIX), so a later train() in this process on the same folder reuses it.
+# file releases the process's lock on it (POSIX), so a later main() in this process on the same folder reuses it.
 HELD_LOCK = {"fd": None}
 
 
@@ -2174,6 +1925,32 @@ def roll_back(claim: Claim):
             os.rmdir(claim.run_dir)
 
 
+def start_run(args: Args) -> tuple[Setup, State, bool]:
+    """Everything before the iterations: the run folder claimed (main process), the data and the model, the training
+    state, fresh or the checkpoint's (--resume), then the run folder's files, wandb and TensorBoard. Returns the Setup,
+    the State and whether the run has already finished (a resume that leaves it as it is). A start that fails (bad
+    data, a model that does not load, no wandb login, a full disk) leaves the folder as it found it."""
+    run_name = default_run_name(args)
+    claim = claim_run_dir(args, run_name) if main_rank() else None
+    try:
+        setup, model, reference = load_data_and_model(args, claim, run_name)
+        state = initial_state(setup, model, reference, claim.run_name if claim else run_name, claim.run_id if claim else None)
+        path = checkpoint_to_resume(setup.run_dir) if args.resume else None
+        setup.restart = args.resume and path is None
+        if setup.restart and setup.main_process:
+            print(f"--resume: no {CHECKPOINT} in {setup.run_dir}: starting the run again from the beginning", flush=True)
+        if path is not None:
+            restore_checkpoint(setup, state, path)
+        if run_has_finished(setup, state):
+            return setup, state, True
+        write_run_start(setup, state, claim)
+    except BaseException:
+        if claim:
+            roll_back(claim)
+        raise
+    return setup, state, False
+
+
 def load_data_and_model(
     args: Args, claim: Optional[Claim], run_name: str
 ) -> tuple[Setup, torch.nn.Module, Optional[torch.nn.Module]]:
@@ -2253,6 +2030,179 @@ def load_data_and_model(
     return setup, model, reference
 
 
+def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
+    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
+    bad lines exit 2."""
+    rows = []
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        refuse(f"cannot read {path}: {error.strerror}")
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                refuse(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                refuse(f"{path}:{number}: malformed JSON line ({error.msg})")
+            rows.append(check_row(record, f"{path}:{number}", fields))
+    if not rows:
+        refuse(f"{path}: no rows")
+    return rows
+
+
+def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
+    question, answer = fields
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+        refuse(f"{where}: expected an object with string fields '{question}' and '{answer}'")
+    reference = reference_answer(record[answer])
+    if reference is None:
+        refuse(f"{where}: '{answer}' does not end in '#### <number>'")
+    return record[question], reference
+
+
+def hub_resolvable() -> bool:
+    """Whether the hub's host name resolves. With no network this fails at once, where the hub
+    clients would retry for about 30 s (printing a line per retry) before giving up."""
+    try:
+        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
+    except OSError:
+        return False
+    return True
+
+
+def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
+    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
+    if path is not None:
+        return load_jsonl(path, fields)
+    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
+    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
+        refuse(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
+    import datasets  # only needed for the hub data; importing it costs seconds
+
+    try:
+        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
+    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
+        refuse(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
+    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
+
+
+def model_files(path: str) -> tuple[str, Optional[str]]:
+    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
+    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
+    if os.path.isfile(path):
+        return os.path.dirname(path) or ".", os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
+    return path, ggufs[0] if len(ggufs) == 1 else None
+
+
+def load_model_and_tokenizer(model_id: str):
+    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
+    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
+    a local model (a missing tokenizer file, a truncated model.safetensors)."""
+    local = looks_like_path(model_id)
+    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
+    # With no network, a model already in the hub cache still loads, and no download is attempted.
+    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    part = "tokenizer"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
+        part = "model"
+        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
+        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
+    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
+        if local:
+            refuse(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
+        refuse(
+            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
+            "with no network, pass a local model folder: --model-id /path/to/model"
+        )
+    if gguf_file:
+        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
+        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model, tokenizer
+
+
+def keep_output_head_fp32(model):
+    """Under bf16 autocast, compute the output projection (the logits) in fp32.
+
+    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
+    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
+    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
+    """
+    saved = []
+
+    def before(module, inputs):
+        device_type = inputs[0].device.type
+        saved.append(torch.is_autocast_enabled(device_type))
+        torch.set_autocast_enabled(device_type, False)
+        return tuple(x.float() for x in inputs)
+
+    def after(module, inputs, output):
+        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
+
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(before)
+    head.register_forward_hook(after)
+
+
+def trainable_policy(model, args: Args):
+    """The model that trains and the frozen reference of --beta. With --lora-r, peft's LoRA adapters on the model
+    (their B initialised to 0: the initial policy is the base model's), and no reference copy: the model with its
+    adapters off is the reference. Without, the model itself, and a frozen copy of it when --beta is not 0."""
+    if args.lora_r:
+        import peft
+
+        warnings.filterwarnings("ignore", module=r"peft(\.|$)")  # a quiet log, as transformers' (its save's guesses)
+        modules = args.lora_target_modules
+        targets = modules if modules == "all-linear" else [name.strip() for name in modules.split(",")]
+        config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets)
+        try:
+            return peft.get_peft_model(model, config), None
+        except ValueError as error:  # target modules not found in the model
+            refuse(f"--lora-target-modules {modules}: {error}")
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if args.beta else None
+    return model, reference
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return sorted(set(eos) | {tokenizer.eos_token_id})
+
+
+def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
+    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
+    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
+    args = args or Args()
+    message = f"{question}\n{args.instruction}" if args.instruction else question
+    if tokenizer.chat_template and args.chat_template:
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
+        text = tokenizer.apply_chat_template(
+            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
+
+
 def initial_state(setup: Setup, model, reference, run_name: str, run_id: Optional[str]) -> State:
     """The training state of a fresh start: the loaded model, its optimizer, the policy buffer holding it, the data
     order's generator at the seed, no history."""
@@ -2271,42 +2221,6 @@ def initial_state(setup: Setup, model, reference, run_name: str, run_id: Optiona
         run_id=run_id,
         reference=reference,
     )
-
-
-def start_run(args: Args) -> tuple[Setup, State, bool]:
-    """Everything before the iterations: the run folder claimed (main process), the data and the model, the training
-    state, fresh or the checkpoint's (--resume), then the run folder's files, wandb and TensorBoard. Returns the Setup,
-    the State and whether the run has already finished (a resume that leaves it as it is). A start that fails (bad
-    data, a model that does not load, no wandb login, a full disk) leaves the folder as it found it."""
-    run_name = default_run_name(args)
-    claim = claim_run_dir(args, run_name) if main_rank() else None
-    try:
-        setup, model, reference = load_data_and_model(args, claim, run_name)
-        state = initial_state(setup, model, reference, claim.run_name if claim else run_name, claim.run_id if claim else None)
-        path = checkpoint_to_resume(setup.run_dir) if args.resume else None
-        setup.restart = args.resume and path is None
-        if setup.restart and setup.main_process:
-            print(f"--resume: no {CHECKPOINT} in {setup.run_dir}: starting the run again from the beginning", flush=True)
-        if path is not None:
-            restore_checkpoint(setup, state, path)
-        if run_has_finished(setup, state):
-            return setup, state, True
-        write_run_start(setup, state, claim)
-    except BaseException:
-        if claim:
-            roll_back(claim)
-        raise
-    return setup, state, False
-
-
-def snapshot(model) -> dict:
-    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
-    input embedding) stay one tensor, held and checkpointed once."""
-    copies = {}
-    for value in model.state_dict().values():
-        if value.data_ptr() not in copies:
-            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
-    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
 
 
 def restore_checkpoint(setup: "Setup", state: "State", path: str):
@@ -2433,51 +2347,6 @@ def start_wandb(setup: Setup, state: State):
     wandb.define_metric("*", step_metric="global_step")
 
 
-class WandbWriter(SummaryWriter):
-    """--track: TensorBoard's writer that gives each scalar to wandb as well, at the same step. The script logs to wandb
-    itself rather than through wandb's TensorBoard watcher, which may not have read the last iterations when the
-    process ends; wandb's own step is the global step, so a step logged again after a resume counts once."""
-
-    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
-        super().add_scalar(tag, scalar_value, global_step, *args, **kwargs)
-        log_to_wandb({tag: float(scalar_value)}, global_step)
-
-
-def log_to_wandb(row: dict, step: int):
-    """One row to wandb at `step`; a wandb whose process ended (a signal to all the job's processes reaches it too) is
-    said once and then left: TensorBoard keeps the scalars, and the next start replays what wandb lacks."""
-    if WANDB_LOST:
-        return
-    import wandb
-
-    try:
-        wandb.log({**row, "global_step": step}, step=step)
-    except Exception as error:
-        WANDB_LOST.append(error)
-        print(f"wandb stopped taking the run's scalars at step {step} ({type(error).__name__}); TensorBoard keeps them")
-
-
-def replay_to_wandb(run_dir: str, up_to: int):
-    """A resumed run gives its wandb run what TensorBoard holds up to the checkpoint's step `up_to` from wandb's own
-    next step on (online: what wandb has; offline: every start's files hold the run): the scalars a start logged to
-    TensorBoard but wandb did not take (it had been stopped, or it was slow to write) are then in wandb once."""
-    import logging
-
-    import wandb
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # it warns of the purge on resume, which is expected
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    rows = collections.defaultdict(dict)
-    for tag in events.Tags()["scalars"]:
-        for event in events.Scalars(tag):
-            if wandb.run.step <= event.step <= up_to:
-                rows[event.step][tag] = event.value
-    for step in sorted(rows):
-        log_to_wandb(rows[step], step)
-
-
 def write_run_files(setup: Setup, state: State, claim: Claim):
     """A fresh start's run.json (which makes the folder a run) and args.json; --overwrite first removes the old run's
     entries (the lock stays: this process holds it)."""
@@ -2559,36 +2428,7 @@ def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16:
     )
 
 
-def evaluate(setup: Setup, state: State) -> str:
-    """Greedy accuracy and format rate on the evaluation prompts (main process only); returns the line that says them."""
-    state.model.eval()
-    correct, formatted = 0, 0
-    for start in range(0, len(setup.eval_prompts), setup.local_sequences):
-        with setup.autocast():
-            prompts = setup.eval_prompts[start : start + setup.local_sequences]
-            batch = generate(state.model, prompts, setup.greedy_config, setup.stop_ids, setup.pad_id, setup.device)
-        texts = decode_completions(setup.tokenizer, batch)
-        for text, (_, reference) in zip(texts, setup.eval_rows[start : start + setup.local_sequences]):
-            correct += is_correct(text, reference)
-            formatted += extract_answer(text) is not None
-    step = state.counters["global_step"]
-    record = {"step": step, "accuracy": correct / len(setup.eval_rows), "format_rate": formatted / len(setup.eval_rows)}
-    setup.writer.add_scalar("eval/accuracy", record["accuracy"], step)
-    setup.writer.add_scalar("eval/format_rate", record["format_rate"], step)
-    state.history["evals"].append(record)
-    return f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}"
-
-
-def sum_gradients(setup: Setup, state: State):
-    """Under torchrun, the sum of the gradients over ranks: each rank's loss is already divided by the global count."""
-    if not setup.distributed:
-        return
-    for parameter in state.model.parameters():
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in state.model.parameters()]
-    for handle in handles:
-        handle.wait()
+# ---------------------------------------------------------------- signals and checkpoints
 
 
 def stop_on_signals():
@@ -2671,6 +2511,238 @@ def set_rng_state(state: dict):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# ---------------------------------------------------------------- logging
+
+
+# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
+# the quantity is the same. The x-axis is the optimizer step.
+STEP_TAGS = {
+    "policy_loss": "losses/policy_loss",
+    "approx_kl": "losses/approx_kl",
+    "reference_kl": "losses/reference_kl",
+    "grad_norm": "losses/grad_norm",
+    "clip_fraction": "losses/clipfrac",
+    "clip_ratio_low": "losses/clip_ratio_low",
+    "clip_ratio_high": "losses/clip_ratio_high",
+    "entropy": "losses/entropy",
+    "learning_rate": "charts/learning_rate",
+    "tv": "vaco/tv",
+    "filter_fraction": "vaco/filter_frac",
+    "filter_completion_fraction": "vaco/filter_completion_frac",
+}
+
+
+ITERATION_TAGS = {
+    "reward": "charts/reward",
+    "reward_std": "charts/reward_std",
+    "reward_std_batch": "charts/reward_std_batch",
+    "accuracy": "charts/accuracy",
+    "format_rate": "charts/format_rate",
+    "response_length": "charts/response_length",
+    "response_length_min": "charts/response_length_min",
+    "response_length_max": "charts/response_length_max",
+    "truncated_fraction": "charts/truncated_fraction",
+    "tokens_seen": "charts/num_tokens",
+    "zero_std_fraction": "charts/zero_std_fraction",
+    "staleness": "lag/staleness_mean",
+    "tv_backward": "lag/backward_tv",
+    "tv_final": "lag/final_tv",
+    "over_budget_fraction": "vaco/over_budget_frac",
+    "generation_tokens_per_s": "perf/generation_tokens_per_s",
+    "training_tokens_per_s": "perf/training_tokens_per_s",
+}
+
+
+def log_step(setup: "Setup", state: "State", step: dict):
+    if setup.main_process:
+        for key, tag in STEP_TAGS.items():
+            if key in step:
+                setup.writer.add_scalar(tag, step[key], state.counters["global_step"])
+
+
+def log_iteration(
+    setup: "Setup", state: "State", iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv
+):
+    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
+    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
+    of this rank's training passes."""
+    args, counters = setup.args, state.counters
+    counters["tokens_seen"] += int(tokens["sequences"])
+    wall = time.perf_counter() - setup.iteration_start
+    record = {
+        "step": counters["global_step"],
+        "iteration": iteration,
+        **rollout,
+        "tokens_seen": counters["tokens_seen"],
+        "staleness": staleness,
+        "tv_backward": steps[0]["tv"],
+        "tv_final": final_tv,
+        "generation_tokens_per_s": tokens["completions"] / setup.timers["generation"],
+        "training_tokens_per_s": setup.all_reduce([float(tokens["trained"])])[0] / setup.timers["training"],
+        "iteration_seconds": wall,
+        "other_seconds": wall - sum(setup.timers.values()),
+    }
+    record.update({f"{phase}_seconds": seconds for phase, seconds in setup.timers.items()})
+    if args.loss == "vaco":
+        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
+    state.history["steps"] += steps
+    state.history["iterations"].append(record)
+    if not setup.main_process:
+        return
+    for key, value in record.items():
+        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
+        tag = tag or (key if key.startswith("rewards/") else None)  # each reward function's mean, TRL's name
+        if tag and value is not None:
+            setup.writer.add_scalar(tag, value, counters["global_step"])
+    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+    # This process's time and, at its pace so far, the time left (the final evaluation not counted).
+    elapsed = time.time() - setup.start_time
+    left = elapsed / (iteration - state.first_iteration + 1) * (setup.num_iterations - iteration)
+    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
+    print(
+        f"iter {iteration}/{setup.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
+        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
+        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
+        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
+        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
+        f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
+        flush=True,
+    )
+
+
+def log_completions(setup: "Setup", state: "State", iteration: int, generated: dict):
+    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
+    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
+    log_completions): what the model writes, and what the reward made of it."""
+    every, count = setup.args.log_completions_every, min(setup.args.num_completions_to_log, generated["input_ids"].shape[0])
+    if not setup.main_process or not count or not every or (iteration != 1 and iteration % every):
+        return
+    rows = take_rows(generated, slice(0, count))
+    width = rows["completion_mask"].shape[1]
+    prompts = [
+        setup.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
+    ]
+    completions = decode_completions(setup.tokenizer, rows)
+    table = [
+        [state.counters["global_step"], prompt, completion, float(reward), float(advantage)]
+        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
+    ]
+    text = "\n\n".join(
+        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
+        + prompt.replace("\n", "\n    ")
+        + "\n\ncompletion:\n\n    "
+        + completion.replace("\n", "\n    ")
+        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
+    )
+    setup.writer.add_text("completions", text, state.counters["global_step"])
+    if setup.args.track:
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward", "advantage"]
+        log_to_wandb({"completions": wandb.Table(columns=columns, data=table)}, state.counters["global_step"])
+
+
+NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
+
+
+def warn_if_no_signal(setup: "Setup", state: "State"):
+    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
+    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
+    streak = 0  # the last iterations in a row with no signal
+    for record in reversed(state.history["iterations"]):
+        if record["zero_std_fraction"] < 1:
+            break
+        streak += 1
+    if not setup.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
+        return
+    records = state.history["iterations"][-NO_SIGNAL_ITERATIONS:]
+    reward = np.mean([r["reward"] for r in records])
+    truncated = np.mean([r["truncated_fraction"] for r in records])
+    formatted = np.mean([r["format_rate"] for r in records])
+    print(
+        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
+        f"{setup.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
+        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
+        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
+        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
+        flush=True,
+    )
+
+
+def hours_minutes_seconds(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+class WandbWriter(SummaryWriter):
+    """--track: TensorBoard's writer that gives each scalar to wandb as well, at the same step. The script logs to wandb
+    itself rather than through wandb's TensorBoard watcher, which may not have read the last iterations when the
+    process ends; wandb's own step is the global step, so a step logged again after a resume counts once."""
+
+    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
+        super().add_scalar(tag, scalar_value, global_step, *args, **kwargs)
+        log_to_wandb({tag: float(scalar_value)}, global_step)
+
+
+def log_to_wandb(row: dict, step: int):
+    """One row to wandb at `step`; a wandb whose process ended (a signal to all the job's processes reaches it too) is
+    said once and then left: TensorBoard keeps the scalars, and the next start replays what wandb lacks."""
+    if WANDB_LOST:
+        return
+    import wandb
+
+    try:
+        wandb.log({**row, "global_step": step}, step=step)
+    except Exception as error:
+        WANDB_LOST.append(error)
+        print(f"wandb stopped taking the run's scalars at step {step} ({type(error).__name__}); TensorBoard keeps them")
+
+
+def replay_to_wandb(run_dir: str, up_to: int):
+    """A resumed run gives its wandb run what TensorBoard holds up to the checkpoint's step `up_to` from wandb's own
+    next step on (online: what wandb has; offline: every start's files hold the run): the scalars a start logged to
+    TensorBoard but wandb did not take (it had been stopped, or it was slow to write) are then in wandb once."""
+    import logging
+
+    import wandb
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # it warns of the purge on resume, which is expected
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    rows = collections.defaultdict(dict)
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            if wandb.run.step <= event.step <= up_to:
+                rows[event.step][tag] = event.value
+    for step in sorted(rows):
+        log_to_wandb(rows[step], step)
+
+
+# ---------------------------------------------------------------- evaluation, the saved model, the end of the run
+
+
+def evaluate(setup: Setup, state: State) -> str:
+    """Greedy accuracy and format rate on the evaluation prompts (main process only); returns the line that says them."""
+    state.model.eval()
+    correct, formatted = 0, 0
+    for start in range(0, len(setup.eval_prompts), setup.local_sequences):
+        with setup.autocast():
+            prompts = setup.eval_prompts[start : start + setup.local_sequences]
+            batch = generate(state.model, prompts, setup.greedy_config, setup.stop_ids, setup.pad_id, setup.device)
+        texts = decode_completions(setup.tokenizer, batch)
+        for text, (_, reference) in zip(texts, setup.eval_rows[start : start + setup.local_sequences]):
+            correct += is_correct(text, reference)
+            formatted += extract_answer(text) is not None
+    step = state.counters["global_step"]
+    record = {"step": step, "accuracy": correct / len(setup.eval_rows), "format_rate": formatted / len(setup.eval_rows)}
+    setup.writer.add_scalar("eval/accuracy", record["accuracy"], step)
+    setup.writer.add_scalar("eval/format_rate", record["format_rate"], step)
+    state.history["evals"].append(record)
+    return f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}"
+
+
 def save_model(setup: Setup, state: State):
     """save_pretrained of the model (with its own generation defaults) and the tokenizer to <run_dir>/model, swapped in
     whole: written to model.tmp, then the old model/ moved to model.old and removed once model.tmp is model/. A failed
@@ -2739,26 +2811,8 @@ def finish(setup: Setup, state: State, interrupted: Optional[signal.Signals]):
 
 
 # ======================================================================================================================
-# The run: claim the folder, start, iterate, finish.
+# End of the run's plumbing.
 # ======================================================================================================================
-
-
-def main(args: Args) -> dict:
-    """Run the experiment: the start (the run folder, the data and model, the state fresh or from the checkpoint), the
-    iterations, the end. Returns the per-step, per-iteration and evaluation histories."""
-    try:
-        check_args(args)
-    except ValueError as error:
-        refuse(str(error))
-    setup, state, finished = start_run(args)
-    if finished:
-        return state.history
-    try:
-        finish(setup, state, iterate(setup, state))
-    except OSError as error:  # a full disk, a read-only or vanished folder: the last checkpoint stays whole
-        print(f"error: cannot write {error.filename or setup.run_dir}: {error.strerror or error}", file=sys.stderr)
-        raise SystemExit(1)
-    return state.history
 
 
 if __name__ == "__main__":
