@@ -1054,6 +1054,10 @@ class Args:
     overwrite: bool = False
     """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
     holding other files is refused); without it, an existing run is refused"""
+    auto_resume: bool = False
+    """resume the run in --run-dir if it is this command's run (its args.json holds these flags, but for what a resume may
+    change), start it there if the folder holds no run or one that never started, refuse another run: a requeued
+    job's command (a wandb sweep's agent turns it on, in runs/sweep-<sweep id>/<run id>)"""
     checkpoint_every: int = 10
     """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
 
@@ -1159,7 +1163,7 @@ def main(args: Args) -> dict:
     """Run the experiment: the start (the run folder, the data and model, the state fresh or from the checkpoint), the
     iterations, the end. Returns the per-step, per-iteration and evaluation histories."""
     try:
-        check_args(args)
+        args = completed_args(args)
     except ValueError as error:
         refuse(str(error))
     setup, state, finished = start_run(args)
@@ -1274,6 +1278,7 @@ RESUME_MAY_CHANGE = {
     "total_steps",
     "resume",
     "overwrite",
+    "auto_resume",
     "track",
     "torch_threads",
     "checkpoint_every",
@@ -1283,6 +1288,8 @@ RESUME_MAY_CHANGE = {
 }
 
 
+# Flags added since format 1's first runs, with the value that an args.json without them means.
+ADDED_FLAGS = {"auto_resume": False}
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
 
 
@@ -1390,11 +1397,50 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
     """tyro CLI plus check_args; reads the run folder but writes nothing. Bad input prints one `error:` line and exits
     with code 2."""
     try:
-        args = tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv))
-        check_args(args)
+        args = completed_args(tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv)))
     except ValueError as error:
         refuse(str(error))
     return args
+
+
+def completed_args(args: Args) -> Args:
+    """The flags a run starts with: the run folder of a wandb sweep's run (with_sweep_run_dir), --auto-resume's choice
+    (resume_if_same_run), checked (check_args). ValueError for flags that cannot run; nothing is written."""
+    args = with_sweep_run_dir(args)
+    if args.auto_resume and not args.resume and not args.overwrite and args.run_dir and main_rank():
+        args = resume_if_same_run(args)
+    check_args(args)
+    return args
+
+
+def resume_if_same_run(args: Args) -> Args:
+    """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
+    else refused (ValueError); a folder without a run, or with one that never started, starts it. A folder in use is
+    check_run_dir's to refuse."""
+    if not os.path.exists(os.path.join(args.run_dir, RUN_FILE)) or lock_holder(args.run_dir):
+        return args
+    read_run_record(args.run_dir)
+    if never_started(args.run_dir):
+        return args
+    saved = read_saved_args(args.run_dir)
+    changed = [
+        f"{name} {saved[name]!r} there, {stored(name, value)!r} here"
+        for name, value in dataclasses.asdict(args).items()
+        if name not in RESUME_MAY_CHANGE and stored(name, value) != saved[name]
+    ]
+    if changed:
+        listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+        raise ValueError(f"{args.run_dir} holds another run ({listed}): choose another --run-dir")
+    return dataclasses.replace(args, resume=True)
+
+
+def with_sweep_run_dir(args: Args) -> Args:
+    """Started by a wandb sweep's agent without --run-dir: the folder runs/sweep-<sweep id>/<run id>, with --auto-resume,
+    so that the agent's rerun of a preempted run (same WANDB_RUN_ID, same arguments) continues it, not starts over."""
+    sweep_id, run_id = os.environ.get("WANDB_SWEEP_ID", ""), os.environ.get("WANDB_RUN_ID", "")
+    if args.run_dir or args.resume or args.overwrite or not re.fullmatch(r"\w+ \w+", f"{sweep_id} {run_id}"):
+        return args
+    return dataclasses.replace(args, run_dir=f"runs/sweep-{sweep_id}/{run_id}", auto_resume=True)
 
 
 # ---------------------------------------------------------------- the run folder
@@ -1558,6 +1604,10 @@ def check_run_dir(args: Args):
         raise ValueError("--resume needs the --run-dir of the run to continue (one started without it is in runs/gsm8k__...)")
     if args.overwrite and not args.run_dir:
         raise ValueError("--overwrite needs --run-dir: the folder of the run to replace")
+    if args.auto_resume and args.overwrite:
+        raise ValueError("--auto-resume and --overwrite exclude each other")
+    if args.auto_resume and not args.run_dir:
+        raise ValueError("--auto-resume needs --run-dir: a folder named by the run (e.g. runs/gsm8k__vaco__k4__s1)")
     path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{shown} is a file")
@@ -1619,7 +1669,7 @@ def check_run_dir_contents(args: Args, folder: str):
         recorded = read_run_record(folder).get("files")
     except ValueError as error:
         raise ValueError(f"{error}; choose another --run-dir")
-    if not args.overwrite:
+    if not args.overwrite and not (args.auto_resume and never_started(folder)):
         raise ValueError(f"{folder} already holds a run: --resume continues it, --overwrite replaces it")
     others = [name for name in content if not written_by_a_run(folder, name, recorded)]
     if others:
@@ -1636,16 +1686,9 @@ def check_resume(args: Args, folder: str):
     saved_args = os.path.join(folder, ARGS_FILE)
     try:
         run = read_run_record(folder)
-        saved = read_saved_args(saved_args)
+        saved = read_saved_args(folder)
     except ValueError as error:
         raise ValueError(f"--resume: {error}")
-    started = run.get("args_sha256")
-    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
-    if changed:
-        raise ValueError(
-            f"--resume: {saved_args} has changed since the run started ({', '.join(changed)}): put it back; a run's "
-            "arguments change only on the command line, where --resume allows"
-        )
     for name, value in dataclasses.asdict(args).items():
         if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
             raise ValueError(f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}")
@@ -1654,17 +1697,40 @@ def check_resume(args: Args, folder: str):
         raise ValueError(problem)
 
 
-def read_saved_args(path: str) -> dict:
-    """args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args field's type."""
+def read_saved_args(run_dir: str) -> dict:
+    """The run's args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args
+    field's type, or the keys changed since the run started (the digests in run.json)."""
+    path = os.path.join(run_dir, ARGS_FILE)
+    if not os.path.isfile(path):
+        never = never_started(run_dir)
+        raise ValueError(
+            f"{path} is missing: "
+            + ("the run never started; --auto-resume or " if never else "")
+            + "--overwrite starts it afresh"
+        )
     saved = read_json(path)
     kinds = {field.name: field.type for field in dataclasses.fields(Args)}
-    missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
+    full = {**ADDED_FLAGS, **saved}
+    missing, unknown = sorted(kinds.keys() - full.keys()), sorted(full.keys() - kinds.keys())
     if missing or unknown:
         raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
     for name, kind in kinds.items():
-        if not json_fits(saved[name], kind):
-            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}")
-    return saved
+        if not json_fits(full[name], kind):
+            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(full[name])[:60]}")
+    started = read_run_record(run_dir).get("args_sha256")
+    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
+    if changed:
+        raise ValueError(
+            f"{path} has changed since the run started ({', '.join(changed)}): put it back; a run's arguments change "
+            "only on the command line, where --resume allows"
+        )
+    return full
+
+
+def never_started(run_dir: str) -> bool:
+    """Whether run_dir's run.json is all that a start killed before it wrote args.json left (with run.lock and .tmp
+    files): a run to start again."""
+    return all(name == RUN_FILE or leftover(run_dir, name) for name in os.listdir(run_dir))
 
 
 def json_fits(value, kind):
@@ -1934,6 +2000,10 @@ def start_run(args: Args) -> tuple[Setup, State, bool]:
     claim = claim_run_dir(args, run_name) if main_rank() else None
     try:
         setup, model, reference = load_data_and_model(args, claim, run_name)
+        if setup.distributed and args.auto_resume:  # every process continues or starts as the main one decided
+            decided = [args.resume]
+            torch.distributed.broadcast_object_list(decided, src=0)
+            args = setup.args = dataclasses.replace(args, resume=decided[0])
         state = initial_state(setup, model, reference, claim.run_name if claim else run_name, claim.run_id if claim else None)
         path = checkpoint_to_resume(setup.run_dir) if args.resume else None
         setup.restart = args.resume and path is None

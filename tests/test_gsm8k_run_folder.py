@@ -354,7 +354,7 @@ def test_missing_checkpoint_resumes_from_the_previous_one(finished, tmp_path, ca
 def test_resume_of_a_finished_run_does_nothing(finished, tmp_path, capsys, monkeypatch):
     args = copy_of(finished, tmp_path)
     before = listing(args.run_dir)
-    monkeypatch.setattr(V, "evaluate", lambda run: pytest.fail("evaluated again"))
+    monkeypatch.setattr(V, "evaluate", lambda *arguments: pytest.fail("evaluated again"))
     history = V.main(args)
     assert f"the run in {args.run_dir} is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
     assert len(history["iterations"]) == 2 and listing(args.run_dir) == before
@@ -365,7 +365,7 @@ def test_resume_after_the_last_checkpoint_writes_only_the_end(finished, tmp_path
     nothing; then the run is finished."""
     args = copy_of(finished, tmp_path)
     os.remove(Path(args.run_dir, V.SUMMARY_FILE))
-    monkeypatch.setattr(V, "evaluate", lambda run: pytest.fail("evaluated again"))
+    monkeypatch.setattr(V, "evaluate", lambda *arguments: pytest.fail("evaluated again"))
     monkeypatch.setattr(V, "update", lambda *arguments: pytest.fail("trained again"))
     V.main(args)
     assert "all 2 iterations are done; writing the run's end" in capsys.readouterr().out
@@ -392,6 +392,130 @@ def test_relative_data_file_resumes_from_another_working_folder(tiny, tmp_path, 
     history = V.main(dataclasses.replace(args, data_file="../first/train.jsonl", resume=True, num_iterations=2))
     assert len(history["iterations"]) == 2
     assert Path(args.run_dir, V.ARGS_FILE).read_text() == saved  # never rewritten by a resume
+
+
+# ---------------------------------------------------------------- --auto-resume: one command to start or resume
+
+
+def test_auto_resume_starts_then_continues_then_leaves_a_finished_run(tiny, finished, tmp_path, capsys):
+    """The one command of a requeued job: it starts the run in a new folder, continues it from its checkpoint
+    (bit-identical with the run that was not stopped) and, once it has finished, leaves it as it is."""
+    run = tmp_path / "run"
+    argv = command(tiny, run, "--num-iterations", 2, "--checkpoint-every", 1, "--auto-resume")[2:]
+    args = V.parse_args(argv)
+    assert args.auto_resume and not args.resume
+    V.main(args)
+    assert "iter 1/2" in capsys.readouterr().out
+    args = V.parse_args(argv)
+    assert args.resume
+    before = listing(run)
+    V.main(args)
+    assert f"the run in {run} is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
+    assert listing(run) == before
+    # Back to its first checkpoint, as if it had been killed in its second iteration.
+    shutil.copy(run / V.PREVIOUS_CHECKPOINT, run / V.CHECKPOINT)
+    os.remove(run / V.SUMMARY_FILE)
+    history = V.main(V.parse_args(argv))
+    out = capsys.readouterr().out
+    assert "iter 2/2" in out and "iter 1/2" not in out, out
+    assert [record["iteration"] for record in history["iterations"]] == [1, 2]
+    whole, parts = (V.load_checkpoint(os.path.join(folder, V.CHECKPOINT)) for folder in (finished.run_dir, run))
+    assert parts["iteration"] == 2 and whole["model"].keys() == parts["model"].keys()
+    for key, value in whole["model"].items():
+        assert torch.equal(value, parts["model"][key]), key
+
+
+def test_auto_resume_refuses_any_other_folder(tiny, finished, tmp_path, capsys):
+    """Another run (of this script or another), files of the user's, a command without a folder: one error line,
+    exit 2, nothing written. What a resume may change may change here too: the same run, resumed."""
+    run = copy_of(finished, tmp_path).run_dir
+    other = tmp_path / "ppo"
+    other.mkdir()
+    (other / V.RUN_FILE).write_text(json.dumps({"script": "ppo_mujoco", "format": 1, "run_id": "f" * 32}))
+    (other / V.ARGS_FILE).write_text(json.dumps({"env_id": "Hopper-v5"}))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    before = {folder: listing(folder) for folder in (run, other, mine)}
+    same = ["--num-iterations", 2, "--checkpoint-every", 1, "--auto-resume"]
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, *same, "--lag", 1, "--learning-rate", 0.01)[2:]))
+    assert (
+        err
+        == f"error: {run} holds another run (learning_rate 0.003 there, 0.01 here; lag 0 there, 1 here): choose another --run-dir"
+    )
+    err = refused(capsys, lambda: V.parse_args(command(tiny, other, *same)[2:]))
+    assert err == f"error: {other} holds a run of ppo_mujoco, not of vaco_gsm8k"
+    err = refused(capsys, lambda: V.parse_args(command(tiny, mine, *same)[2:]))
+    assert err == f"error: {mine} holds files that are not a run of vaco_gsm8k: notes.txt; choose another --run-dir"
+    err = refused(capsys, lambda: V.parse_args([*command(tiny, run, *same)[2:], "--overwrite"]))
+    assert err == "error: --auto-resume and --overwrite exclude each other"
+    err = refused(capsys, lambda: V.main(dataclasses.replace(finished, run_dir=None, auto_resume=True)))
+    assert err.startswith("error: --auto-resume needs --run-dir")
+    assert {folder: listing(folder) for folder in (run, other, mine)} == before
+    args = V.parse_args(command(tiny, run, *same, "--save-model", "--checkpoint-every", 3)[2:])
+    assert args.resume and args.save_model and args.checkpoint_every == 3
+
+
+def test_a_start_stopped_before_it_wrote_its_arguments(tiny, tmp_path, capsys):
+    """run.json without args.json (a start killed between the two): refused as a run to continue and by a plain
+    start, started again by --auto-resume (a requeued job's command), replaced by --overwrite. A folder where the run
+    wrote more (its TensorBoard events) has started: without args.json, --auto-resume refuses it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / V.LOCK_FILE).write_text("")
+    (run / "run.json.tmp").write_text("")
+    (run / V.RUN_FILE).write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "x"}))
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run)[2:]))
+    assert err == f"error: {run} already holds a run: --resume continues it, --overwrite replaces it"
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, "--resume")[2:]))
+    expected = f"{run}/args.json is missing: the run never started; --auto-resume or --overwrite starts it afresh"
+    assert err == f"error: --resume: {expected}"
+    args = V.parse_args(command(tiny, run, "--auto-resume")[2:])
+    assert args.auto_resume and not args.resume
+    V.main(args)
+    assert json.loads((run / V.SUMMARY_FILE).read_text())["interrupted"] is False
+    assert run_id(run) != "x" and (run / V.ARGS_FILE).exists() and not list(run.glob("*.tmp"))
+    os.remove(run / V.ARGS_FILE)
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, "--auto-resume")[2:]))
+    assert err == f"error: {run}/args.json is missing: --overwrite starts it afresh"
+    V.main(V.parse_args(command(tiny, run, "--overwrite")[2:]))
+    assert (run / V.ARGS_FILE).exists()
+
+
+def test_a_sweep_agents_rerun_continues_the_run(tiny, tmp_path, capsys, monkeypatch):
+    """Under a wandb sweep's agent (WANDB_SWEEP_ID, WANDB_RUN_ID) without --run-dir, the run's folder is named by the
+    agent's run and --auto-resume is on: the agent's rerun of a preempted run continues it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw1")
+    monkeypatch.setenv("WANDB_RUN_ID", "r1")
+    argv = [flag for flag in command(tiny, "x", "--checkpoint-every", 1)[2:] if flag not in ("--run-dir", "x")]
+    args = V.parse_args(argv)
+    assert args.run_dir == "runs/sweep-sw1/r1" and args.auto_resume and not args.resume
+    V.main(args)
+    run = tmp_path / "runs" / "sweep-sw1" / "r1"
+    started = run_id(run)
+    os.remove(run / V.SUMMARY_FILE)  # as if preempted after its last checkpoint
+    args = V.parse_args(argv)
+    assert args.resume
+    V.main(args)
+    assert run_id(run) == started and (run / V.SUMMARY_FILE).exists() and os.listdir(run.parent) == ["r1"]
+    # With --run-dir, or without the agent's ids (or with ids that are no names), nothing changes.
+    assert V.parse_args([*argv, "--run-dir", str(tmp_path / "x")]).run_dir == str(tmp_path / "x")
+    monkeypatch.setenv("WANDB_RUN_ID", "../r2")
+    assert V.parse_args(argv).run_dir is None
+    monkeypatch.delenv("WANDB_SWEEP_ID")
+    assert V.parse_args(argv).run_dir is None
+
+
+def test_a_run_whose_args_json_predates_auto_resume_resumes(finished, tmp_path, capsys):
+    """An args.json written before --auto-resume existed lacks it: it means False, and the run resumes."""
+    args = copy_of(finished, tmp_path)
+    path = Path(args.run_dir, V.ARGS_FILE)
+    saved = json.loads(path.read_text())
+    del saved["auto_resume"]
+    path.write_text(json.dumps(saved))
+    V.main(args)
+    assert "is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- inputs
