@@ -1141,8 +1141,8 @@ class Setup:
 @dataclass
 class State:
     """The training state: what the iterations move on and a checkpoint saves (save_checkpoint), made by
-    initial_state and loaded by restore_checkpoint, with the models that use its weights (the generator, the
-    reference)."""
+    initial_state and loaded by restore_checkpoint; with it, the two models that are not checkpointed but go with the
+    policy (the generator, which loads the drawn policy of the buffer, and the frozen reference of --beta)."""
 
     model: torch.nn.Module
     generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy

@@ -1029,6 +1029,45 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
         assert torch.allclose(value, models[1].state_dict()[key], rtol=0, atol=1e-3 * moved), key
 
 
+def auto_resume_worker(rank, world, port, settings):
+    """A process of a 2-process --auto-resume start that notes whether it continued from the checkpoint."""
+    restore_checkpoint = V.restore_checkpoint
+
+    def noted(setup, state, path):
+        Path(settings["run_dir"], f"restored-by-{rank}").write_text(path)
+        restore_checkpoint(setup, state, path)
+
+    V.restore_checkpoint = noted
+    distributed_worker(rank, world, port, settings)
+
+
+def test_two_processes_auto_resume_as_the_main_one_decides(tiny, tmp_path):
+    """Under torchrun only the main process reads the run folder: with --auto-resume every process continues the run
+    when it does (else they would run different iterations, and their collectives would never meet)."""
+    import socket as socket_module
+
+    import torch.multiprocessing as mp
+
+    settings = dataclasses.asdict(
+        tiny_args(tiny, tmp_path, auto_resume=True, overwrite=False, checkpoint_every=1, micro_batch_size=16)
+    )
+    for iterations in (1, 2):
+        with socket_module.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        started = mp.spawn(auto_resume_worker, args=(2, port, dict(settings, num_iterations=iterations)), nprocs=2, join=False)
+        for _ in range(60):  # a hang (the processes in different iterations) fails here, not the whole suite
+            if started.join(timeout=5):
+                break
+        else:
+            for process in started.processes:
+                process.kill()
+            pytest.fail("the two processes did not finish: they ran different iterations")
+    history = json.loads(Path(settings["run_dir"], "history.json").read_text())
+    assert [record["iteration"] for record in history["iterations"]] == [1, 2]
+    assert sorted(path.name for path in Path(settings["run_dir"]).glob("restored-by-*")) == ["restored-by-0", "restored-by-1"]
+
+
 # ---------------------------------------------------------------- the synthetic arithmetic task
 
 
