@@ -48,11 +48,14 @@ gradients summed, so the update is the single-process one. A run checkpoints to 
 continues with `--resume`; SIGINT and SIGTERM save what was asked and stop. The run folder holds only what a run
 writes (run.json names the script and the run), is locked while a process uses it, and is written atomically.
 
-Reading order: the method (GRPO's advantages, the two losses, the log-probs); the loop (`iterate`) and one
-iteration's phases in the order it calls them (`choose_generator`, `generate_batch`, `rewards_and_advantages`,
-`behaviour_logprobs`, `update`, `final_divergence`, `log_iteration`); the reward; the command line and its checks;
-data, model and generation; `Run`, what the phases share; the run folder; the run's plumbing (`claim_run_folder`,
-`start`, `restore`, `open_run_folder`, `evaluate`, `write_checkpoint`, `finish`); last `train()`, which runs them.
+Reading order: the algorithm, then `main`, then the run's plumbing. The algorithm: the method (GRPO's advantages,
+the two losses, the log-probs); the loop (`iterate`) and one iteration's phases in the order it calls them
+(`draw_generating_policy`, `generate_batch`, `rewards_and_advantages`, `behaviour_logprobs`, `update`,
+`final_divergence`); the reward; generation and scoring; the flags (`Args`), what a run derives from them (`Setup`)
+and its training state (`State`, what a checkpoint holds). `main` runs `start_run`, `iterate` and `finish`. The
+plumbing: the flags' checks, the run folder, the checkpoint's format, the start (`claim_run_dir`, `start_run`,
+`load_data_and_model`, `initial_state`, `restore_checkpoint`), signals and checkpoints (`save_checkpoint`), logging
+(`log_iteration`), evaluation and the end (`evaluate`, `finish`).
 
 Usage:
     python vaco_gsm8k.py --loss vaco --forward-lag 4
@@ -65,7 +68,7 @@ Usage:
 import signal
 
 # Ctrl-C while the libraries below load (seconds) ends the process quietly, not with a traceback from inside an import;
-# train() installs the run's own handler once the run starts. Only as a script: an importer keeps its handler.
+# iterate() installs the run's own handler once the run starts. Only as a script: an importer keeps its handler.
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -113,9 +116,12 @@ huggingface_hub.utils.disable_progress_bars()
 
 RUN_FORMAT = 1  # of run.json and of the checkpoint's header: a resume reads only its own format
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]  # run.json's "script": whose run a folder holds
+
 # ======================================================================================================================
 # The method (docs/method.md §4): GRPO's advantages, the two policy losses, the log-probs they compare.
 # ======================================================================================================================
+
+
 ADV_EPS = 1e-4
 
 
@@ -278,61 +284,61 @@ def completion_logprobs(
 # ======================================================================================================================
 # The loop: the iterations, then one iteration's phases in the order iterate() calls them: draw the generating
 # policy (backward lag), generate one batch of K minibatches (forward lag), rewards and advantages, behaviour
-# log-probs, K optimizer steps, the final divergence, the logs. What they share is a Run (below).
+# log-probs, K optimizer steps, the final divergence. What they share is a Setup and a State (below).
 # ======================================================================================================================
 
 
-def iterate(run: "Run") -> Optional[signal.Signals]:
+def iterate(setup: "Setup", state: "State") -> Optional[signal.Signals]:
     """The run's iterations, from the first one after the checkpoint; returns the signal that stopped them, if any."""
-    args = run.args
+    args = setup.args
     previous_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     stop = stop_on_signals()
-    run.start_time = time.time()
+    setup.start_time = time.time()
     try:
-        if run.eval_rows and run.main_process and (not args.resume or run.restart):
-            print(evaluate(run), flush=True)
-        for iteration in range(run.first_iteration, run.num_iterations + 1):
-            run.start_clock()
+        if setup.eval_rows and setup.main_process and (not args.resume or setup.restart):
+            print(evaluate(setup, state), flush=True)
+        for iteration in range(state.first_iteration, setup.num_iterations + 1):
+            setup.start_clock()
             # One generation batch of K minibatches, from a policy of the buffer (backward lag), with GRPO's
             # advantages and the generating policy's log-probs.
-            staleness = choose_generator(run)
-            generated, rows = generate_batch(run)
-            rollout, tokens = rewards_and_advantages(run, generated, rows)
-            size = run.local_sequences
+            staleness = draw_generating_policy(setup, state)
+            generated, rows = generate_batch(setup, state)
+            rollout, tokens = rewards_and_advantages(setup, generated, rows)
+            size = setup.local_sequences
             minibatches = [take_rows(generated, slice(k * size, (k + 1) * size)) for k in range(args.forward_lag)]
-            behaviour_logprobs(run, minibatches)
+            behaviour_logprobs(setup, state, minibatches)
 
             # mu x K optimizer steps, one per minibatch and epoch: minibatch k (from 0) of epoch e (from 0) trains on
             # data e K + k updates old (forward lag); log beta stays the generating policy's throughout.
-            run.model.train()
+            state.model.train()
             steps, tokens["trained"] = [], 0
             for epoch, (k, batch) in itertools.product(range(args.num_epochs), enumerate(minibatches)):
-                step, trained = update(run, iteration, epoch, k, batch, tokens["loss"])
-                log_step(run, step)
+                step, trained = update(setup, state, iteration, epoch, k, batch, tokens["loss"])
+                log_step(setup, state, step)
                 steps.append(step)
                 tokens["trained"] += trained
-            final_tv = final_divergence(run, minibatches)
+            final_tv = final_divergence(setup, state, minibatches)
             if args.lag:  # the updated policy joins the buffer
-                with run.timed("buffer"):
-                    run.policy_buffer.append(snapshot(run.model))
+                with setup.timed("buffer"):
+                    state.policy_buffer.append(snapshot(state.model))
 
-            last, evaluation = iteration == run.num_iterations, None
-            if run.main_process and run.eval_rows and (iteration % args.eval_every == 0 or last):
-                with run.timed("eval"):
-                    evaluation = evaluate(run)
-            log_iteration(run, iteration, rollout, tokens, steps, staleness, final_tv)
+            last, evaluation = iteration == setup.num_iterations, None
+            if setup.main_process and setup.eval_rows and (iteration % args.eval_every == 0 or last):
+                with setup.timed("eval"):
+                    evaluation = evaluate(setup, state)
+            log_iteration(setup, state, iteration, rollout, tokens, steps, staleness, final_tv)
             if evaluation:  # after the line of the iteration it evaluates
                 print(evaluation, flush=True)
-            log_completions(run, iteration, generated)
-            warn_if_no_signal(run)
-            stopping = run.all_reduce([len(stop)], torch.distributed.ReduceOp.MAX)[0] > 0  # all ranks stop together
+            log_completions(setup, state, iteration, generated)
+            warn_if_no_signal(setup, state)
+            stopping = setup.all_reduce([len(stop)], torch.distributed.ReduceOp.MAX)[0] > 0  # all ranks stop together
             if last or stopping or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-                write_checkpoint(run, iteration)
+                save_checkpoint(setup, state, iteration)
             if stopping:
                 return signal.Signals(stop[0] if stop else signal.SIGTERM)
     except FloatingPointError as problem:
-        if run.writer:
-            run.writer.close()
+        if setup.writer:
+            setup.writer.close()
         raise SystemExit(f"error: {problem}; stopping")
     finally:
         for sig, handler in previous_handlers.items():
@@ -340,50 +346,58 @@ def iterate(run: "Run") -> Optional[signal.Signals]:
     return None
 
 
-def choose_generator(run: "Run") -> int:
+def draw_generating_policy(setup: "Setup", state: "State") -> int:
     """Backward lag (docs/method.md §2): load one of the buffered policies into the generator, drawn with the data-order
     generator (the same draw on every rank). Returns its staleness, the updates it is behind the learner."""
-    if not run.args.lag:
+    if not setup.args.lag:
         return 0
-    index = 0 if run.args.lag_mode == "fixed" else int(run.data_rng.integers(len(run.policy_buffer)))
-    with run.timed("buffer"):
-        run.generator.load_state_dict(run.policy_buffer[index])
-    return len(run.policy_buffer) - 1 - index
+    index = 0 if setup.args.lag_mode == "fixed" else int(state.data_rng.integers(len(state.policy_buffer)))
+    with setup.timed("buffer"):
+        state.generator.load_state_dict(state.policy_buffer[index])
+    return len(state.policy_buffer) - 1 - index
 
 
-def generate_batch(run: "Run") -> tuple[dict, list[tuple[str, float]]]:
+def generate_batch(setup: "Setup", state: "State") -> tuple[dict, list[tuple[str, float]]]:
     """One generation batch of K minibatches (forward lag): this rank's share of each minibatch's prompts, G completions
     each. Returns the batch (see `generate`) and the data row (question, reference answer) of each completion."""
-    args, G = run.args, run.args.num_generations
-    run.model.eval()
-    with run.timed("generation"):
+    args, G = setup.args, setup.args.num_generations
+    state.model.eval()
+    with setup.timed("generation"):
         prompt_rows = []
         for _ in range(args.forward_lag):
-            while len(run.order) < args.prompts_per_step:
-                run.order.extend(run.data_rng.permutation(len(run.train_rows)).tolist())
-            indices = [run.order.popleft() for _ in range(args.prompts_per_step)]
-            prompt_rows += indices[run.rank * run.local_prompts : (run.rank + 1) * run.local_prompts]
-        prompts = [run.train_prompts[i] for i in prompt_rows for _ in range(G)]
-        with run.autocast():
+            while len(state.order) < args.prompts_per_step:
+                state.order.extend(state.data_rng.permutation(len(setup.train_rows)).tolist())
+            indices = [state.order.popleft() for _ in range(args.prompts_per_step)]
+            prompt_rows += indices[setup.rank * setup.local_prompts : (setup.rank + 1) * setup.local_prompts]
+        prompts = [setup.train_prompts[i] for i in prompt_rows for _ in range(G)]
+        with setup.autocast():
             generated = generate(
-                run.generator, prompts, run.sample_config, run.stop_ids, run.pad_id, run.device, args.generation_batch_size
+                state.generator,
+                prompts,
+                setup.sample_config,
+                setup.stop_ids,
+                setup.pad_id,
+                setup.device,
+                args.generation_batch_size,
             )
-    return generated, [run.train_rows[i] for i in prompt_rows for _ in range(G)]
+    return generated, [setup.train_rows[i] for i in prompt_rows for _ in range(G)]
 
 
-def rewards_and_advantages(run: "Run", generated: dict, rows: list[tuple[str, float]]) -> tuple[dict, dict]:
+def rewards_and_advantages(setup: "Setup", generated: dict, rows: list[tuple[str, float]]) -> tuple[dict, dict]:
     """Rewards (the weighted sum of the reward functions') and GRPO advantages; adds `advantages` and the `loss_mask`
     of the tokens that train to `generated`. Returns the batch's statistics for the iteration's record and its token
     counts (`sequences`: prompts and completions, `completions`, `loss`: the tokens of the loss mask), over all ranks."""
-    args = run.args
-    with run.timed("rewards"):
-        texts = decode_completions(run.tokenizer, generated)
+    args = setup.args
+    with setup.timed("rewards"):
+        texts = decode_completions(setup.tokenizer, generated)
         references = [reference for _, reference in rows]
-        per_function = reward_table(run.reward_functions, texts, rows)
-        rewards = (per_function * torch.tensor([weight for _, _, weight in run.reward_functions])).sum(1)
+        per_function = reward_table(setup.reward_functions, texts, rows)
+        rewards = (per_function * torch.tensor([weight for _, _, weight in setup.reward_functions])).sum(1)
         batch_std = None
         if args.scale_rewards == "batch":  # the std of the whole generation batch's rewards, all ranks
-            batch_std = sample_std(*run.all_reduce([float(len(rewards)), rewards.sum().item(), rewards.square().sum().item()]))
+            batch_std = sample_std(
+                *setup.all_reduce([float(len(rewards)), rewards.sum().item(), rewards.square().sum().item()])
+            )
         advantages, zero_std = grpo_advantages(rewards, args.num_generations, args.scale_rewards, batch_std)
         group_std = rewards.view(-1, args.num_generations).std(dim=1)
         lengths = generated["completion_mask"].sum(1).float().cpu()
@@ -396,7 +410,7 @@ def rewards_and_advantages(run: "Run", generated: dict, rows: list[tuple[str, fl
             "reward_squares": rewards.square().sum().item(),
             **{
                 f"rewards/{name}/mean": column.sum().item()
-                for (name, _, _), column in zip(run.reward_functions, per_function.T)
+                for (name, _, _), column in zip(setup.reward_functions, per_function.T)
             },
             "completions": float(len(texts)),
             "correct": sum(is_correct(t, r) for t, r in zip(texts, references)),
@@ -409,10 +423,10 @@ def rewards_and_advantages(run: "Run", generated: dict, rows: list[tuple[str, fl
             "tokens": generated["attention_mask"].sum().item(),
             "loss_tokens": generated["loss_mask"].sum().item(),
         }
-        total = dict(zip(counts, run.all_reduce(list(counts.values()))))
-        (shortest,) = run.all_reduce([lengths.min().item()], torch.distributed.ReduceOp.MIN)
-        (longest,) = run.all_reduce([lengths.max().item()], torch.distributed.ReduceOp.MAX)
-        generated["rewards"], generated["advantages"] = rewards, advantages.to(run.device)
+        total = dict(zip(counts, setup.all_reduce(list(counts.values()))))
+        (shortest,) = setup.all_reduce([lengths.min().item()], torch.distributed.ReduceOp.MIN)
+        (longest,) = setup.all_reduce([lengths.max().item()], torch.distributed.ReduceOp.MAX)
+        generated["rewards"], generated["advantages"] = rewards, advantages.to(setup.device)
     rollout = {
         "reward": total["reward"] / total["completions"],
         "reward_std": total["group_std"] / total["groups"],
@@ -430,64 +444,68 @@ def rewards_and_advantages(run: "Run", generated: dict, rows: list[tuple[str, fl
     return rollout, tokens
 
 
-def behaviour_logprobs(run: "Run", minibatches: list[dict]):
+def behaviour_logprobs(setup: "Setup", state: "State", minibatches: list[dict]):
     """log beta of every minibatch from the generating weights, frozen from here on. With no backward lag the first
     minibatch is scored by unchanged weights in its own training pass, the same tensors and the same computation as a
     separate pass would be (r = 1 exactly): that pass is skipped (`update` fills it in). With --beta, also the frozen
     reference policy's log-probs (the initial model; with LoRA, the model with its adapters off)."""
-    args = run.args
-    with run.timed("behaviour"):
+    args = setup.args
+    with setup.timed("behaviour"):
         for k, batch in enumerate(minibatches):
             if k == 0 and not args.lag:
                 batch["logp_behaviour"] = None
             else:
-                batch["logp_behaviour"] = score(run.generator, batch, args.micro_batch_size, args.temperature, run.autocast)
+                batch["logp_behaviour"] = score(
+                    state.generator, batch, args.micro_batch_size, args.temperature, setup.autocast
+                )
     if args.beta:
-        with run.timed("reference"), run.model.disable_adapter() if run.reference is None else contextlib.nullcontext():
+        with setup.timed("reference"), state.model.disable_adapter() if state.reference is None else contextlib.nullcontext():
             for batch in minibatches:
-                reference = run.reference or run.model
-                batch["logp_reference"] = score(reference, batch, args.micro_batch_size, args.temperature, run.autocast)
+                reference = state.reference or state.model
+                batch["logp_reference"] = score(reference, batch, args.micro_batch_size, args.temperature, setup.autocast)
 
 
-def is_over_budget(run: "Run", deviation: float, denominator: float) -> bool:
+def is_over_budget(setup: "Setup", deviation: float, denominator: float) -> bool:
     """VACO's test D > delta/2, D = 1/2 sum|r - 1| / tokens over the whole minibatch (all ranks)."""
-    return 0.5 * run.all_reduce([deviation])[0] / denominator > run.args.tv_threshold / 2
+    return 0.5 * setup.all_reduce([deviation])[0] / denominator > setup.args.tv_threshold / 2
 
 
-def prescore_over_budget(run: "Run", batch: dict, denominator: float) -> Optional[bool]:
+def prescore_over_budget(setup: "Setup", state: "State", batch: dict, denominator: float) -> Optional[bool]:
     """VACO's D > delta/2 for the minibatch, before its update. D is the whole minibatch's (all ranks) but gradients
     accumulate by micro-batch: a no-grad pass scores it first, so all apply one mask; with one micro-batch per rank
     the training pass decides (None). r = 1 when log beta is the training pass's (`behaviour_logprobs`): False."""
-    args = run.args
+    args = setup.args
     if args.loss != "vaco" or batch["logp_behaviour"] is None:
         return False
-    if run.single_pass:
+    if setup.single_pass:
         return None
-    with run.timed("prescore"):
-        current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast)
+    with setup.timed("prescore"):
+        current = score(state.model, batch, args.micro_batch_size, args.temperature, setup.autocast)
         deviation = abs_deviation(current - batch["logp_behaviour"], batch["loss_mask"])
-    return is_over_budget(run, deviation, denominator)
+    return is_over_budget(setup, deviation, denominator)
 
 
-def update(run: "Run", iteration: int, epoch: int, k: int, batch: dict, generation_tokens: float) -> tuple[dict, int]:
+def update(
+    setup: "Setup", state: "State", iteration: int, epoch: int, k: int, batch: dict, generation_tokens: float
+) -> tuple[dict, int]:
     """The optimizer step on minibatch k of the generation batch in its epoch (forward lag epoch K + k): PPO-clip or
     VACO's filter (D and the mask against beta, whatever --loss-type and --beta), plus --beta times the k3 KL to the
     reference on every token, aggregated by --loss-type, the gradient accumulated micro-batch by micro-batch. Per-token
     tensors are [B, C] with the loss mask, as TRL's. Returns the step's record and the tokens this rank trained on."""
-    args, model = run.args, run.model
-    num_tokens = run.all_reduce([batch["loss_mask"].sum().item()])[0]
+    args, model = setup.args, state.model
+    num_tokens = setup.all_reduce([batch["loss_mask"].sum().item()])[0]
     denominator = max(num_tokens, 1.0)  # the token mean of D and of the logged statistics, whatever --loss-type
     scale = loss_scale(args, num_tokens, generation_tokens)
-    over_budget = prescore_over_budget(run, batch, denominator)
+    over_budget = prescore_over_budget(setup, state, batch, denominator)
     # With no backward lag, minibatch 0's log beta is this pass's log pi_theta (`behaviour_logprobs` skipped it).
     own_behaviour = batch["logp_behaviour"] is None
     behaviour_rows, training_tokens = [], 0
-    with run.timed("training"):
-        run.optimizer.zero_grad(set_to_none=True)
+    with setup.timed("training"):
+        state.optimizer.zero_grad(set_to_none=True)
         sums = collections.Counter()
         for rows, ids, mask, completion_mask in micro_batches(batch, args.micro_batch_size):
             width = completion_mask.shape[1]
-            with run.autocast():
+            with setup.autocast():
                 logp, entropy = completion_logprobs(model, ids, mask, width, args.temperature, True)
             loss_mask = batch["loss_mask"][rows, :width]
             if own_behaviour:
@@ -500,7 +518,7 @@ def update(run: "Run", iteration: int, epoch: int, k: int, batch: dict, generati
             advantages = batch["advantages"][rows][:, None].expand_as(loss_mask)
             log_ratio = logp.detach() - logp_behaviour
             if over_budget is None:
-                over_budget = is_over_budget(run, abs_deviation(log_ratio, loss_mask), denominator)
+                over_budget = is_over_budget(setup, abs_deviation(log_ratio, loss_mask), denominator)
             logp_reference = batch["logp_reference"][rows, :width] if args.beta else None
             loss, dropped, kl = micro_batch_loss(
                 args, logp, logp_behaviour, logp_reference, advantages, loss_mask, over_budget, scale
@@ -513,38 +531,64 @@ def update(run: "Run", iteration: int, epoch: int, k: int, batch: dict, generati
                 sums["reference_kl"] += kl[loss_mask].sum().item()
             sums.update(token_statistics(args, log_ratio, dropped, advantages, entropy, loss_mask))
             training_tokens += int(mask.sum())
-        sum_gradients(run)
+        sum_gradients(setup, state)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient at iteration {iteration}, minibatch {k + 1}")
-        for group in run.optimizer.param_groups:
-            group["lr"] = learning_rate_at(args, run.counters["global_step"], run.num_iterations * run.steps_per_iteration)
-        run.optimizer.step()
+        for group in state.optimizer.param_groups:
+            group["lr"] = learning_rate_at(
+                args, state.counters["global_step"], setup.num_iterations * setup.steps_per_iteration
+            )
+        state.optimizer.step()
     if own_behaviour:  # frozen from here on, for the final divergence
         batch["logp_behaviour"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
         for rows, logp_behaviour in behaviour_rows:
             batch["logp_behaviour"][rows, : logp_behaviour.shape[1]] = logp_behaviour
-    run.counters["global_step"] += 1
-    return step_record(run, iteration, epoch, k, sums, denominator, grad_norm, bool(over_budget)), training_tokens
+    state.counters["global_step"] += 1
+    return step_record(setup, state, iteration, epoch, k, sums, denominator, grad_norm, bool(over_budget)), training_tokens
 
 
-def final_divergence(run: "Run", minibatches: list[dict]) -> Optional[float]:
+def final_divergence(setup: "Setup", state: "State", minibatches: list[dict]) -> Optional[float]:
     """D of the generation batch after its last update (the paper's TV plot), on the first --final-tv-fraction of
     each minibatch's micro-batches; None with --final-tv-fraction 0."""
-    if not run.final_tv_batches:
+    if not setup.final_tv_batches:
         return None
-    args = run.args
-    run.model.eval()
-    with run.timed("final_tv"):
+    args = setup.args
+    state.model.eval()
+    with setup.timed("final_tv"):
         deviation, count = 0.0, 0.0
         for batch in minibatches:
-            current = score(run.model, batch, args.micro_batch_size, args.temperature, run.autocast, run.final_tv_batches)
+            current = score(
+                state.model, batch, args.micro_batch_size, args.temperature, setup.autocast, setup.final_tv_batches
+            )
             scored = batch["loss_mask"].clone()
-            scored[run.final_tv_batches * args.micro_batch_size :] = False
+            scored[setup.final_tv_batches * args.micro_batch_size :] = False
             deviation += abs_deviation(current - batch["logp_behaviour"], scored)
             count += scored.sum().item()
-        deviation, count = run.all_reduce([deviation, count])
+        deviation, count = setup.all_reduce([deviation, count])
     return 0.5 * deviation / max(count, 1.0)
+
+
+def sum_gradients(setup: "Setup", state: "State"):
+    """Under torchrun, the sum of the gradients over ranks: each rank's loss is already divided by the global count."""
+    if not setup.distributed:
+        return
+    for parameter in state.model.parameters():
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in state.model.parameters()]
+    for handle in handles:
+        handle.wait()
+
+
+def snapshot(model) -> dict:
+    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
+    input embedding) stay one tensor, held and checkpointed once."""
+    copies = {}
+    for value in model.state_dict().values():
+        if value.data_ptr() not in copies:
+            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
+    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
 
 
 def sample_std(count: float, total: float, squares: float) -> float:
@@ -580,13 +624,23 @@ def learning_rate_at(args: "Args", step: int, total: int) -> float:
     return args.learning_rate * max(0.0, factor[args.lr_scheduler_type])
 
 
-def step_record(run: "Run", iteration: int, epoch: int, k: int, sums, denominator: float, grad_norm: float, over_budget: bool):
+def step_record(
+    setup: "Setup",
+    state: "State",
+    iteration: int,
+    epoch: int,
+    k: int,
+    sums,
+    denominator: float,
+    grad_norm: float,
+    over_budget: bool,
+):
     """The optimizer step's statistics from its micro-batches' sums (all ranks), per token of the minibatch."""
     keys = ["loss", "abs_dev", "approx_kl", "dropped", "clip_low", "clip_high", "entropy", "dropped_completions"]
     keys += ["completions", "reference_kl"]
-    totals = dict(zip(keys, run.all_reduce([float(sums[key]) for key in keys])))
+    totals = dict(zip(keys, setup.all_reduce([float(sums[key]) for key in keys])))
     step = {
-        "step": run.counters["global_step"],
+        "step": state.counters["global_step"],
         "iteration": iteration,
         "epoch": epoch + 1,
         "position": k + 1,
@@ -595,11 +649,11 @@ def step_record(run: "Run", iteration: int, epoch: int, k: int, sums, denominato
         "approx_kl": totals["approx_kl"] / denominator,
         "grad_norm": grad_norm,
         "entropy": totals["entropy"] / denominator,
-        "learning_rate": run.optimizer.param_groups[0]["lr"],
+        "learning_rate": state.optimizer.param_groups[0]["lr"],
     }
-    if run.args.beta:
+    if setup.args.beta:
         step["reference_kl"] = totals["reference_kl"] / denominator
-    if run.args.loss == "ppo-clip":
+    if setup.args.loss == "ppo-clip":
         step["clip_fraction"] = totals["dropped"] / denominator
         step["clip_ratio_low"] = totals["clip_low"] / denominator
         step["clip_ratio_high"] = totals["clip_high"] / denominator
@@ -610,163 +664,6 @@ def step_record(run: "Run", iteration: int, epoch: int, k: int, sums, denominato
     return step
 
 
-# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
-# the quantity is the same. The x-axis is the optimizer step.
-STEP_TAGS = {
-    "policy_loss": "losses/policy_loss",
-    "approx_kl": "losses/approx_kl",
-    "reference_kl": "losses/reference_kl",
-    "grad_norm": "losses/grad_norm",
-    "clip_fraction": "losses/clipfrac",
-    "clip_ratio_low": "losses/clip_ratio_low",
-    "clip_ratio_high": "losses/clip_ratio_high",
-    "entropy": "losses/entropy",
-    "learning_rate": "charts/learning_rate",
-    "tv": "vaco/tv",
-    "filter_fraction": "vaco/filter_frac",
-    "filter_completion_fraction": "vaco/filter_completion_frac",
-}
-ITERATION_TAGS = {
-    "reward": "charts/reward",
-    "reward_std": "charts/reward_std",
-    "reward_std_batch": "charts/reward_std_batch",
-    "accuracy": "charts/accuracy",
-    "format_rate": "charts/format_rate",
-    "response_length": "charts/response_length",
-    "response_length_min": "charts/response_length_min",
-    "response_length_max": "charts/response_length_max",
-    "truncated_fraction": "charts/truncated_fraction",
-    "tokens_seen": "charts/num_tokens",
-    "zero_std_fraction": "charts/zero_std_fraction",
-    "staleness": "lag/staleness_mean",
-    "tv_backward": "lag/backward_tv",
-    "tv_final": "lag/final_tv",
-    "over_budget_fraction": "vaco/over_budget_frac",
-    "generation_tokens_per_s": "perf/generation_tokens_per_s",
-    "training_tokens_per_s": "perf/training_tokens_per_s",
-}
-
-
-def log_step(run: "Run", step: dict):
-    if run.main_process:
-        for key, tag in STEP_TAGS.items():
-            if key in step:
-                run.writer.add_scalar(tag, step[key], run.counters["global_step"])
-
-
-def log_iteration(run: "Run", iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv):
-    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
-    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
-    of this rank's training passes."""
-    args, counters = run.args, run.counters
-    counters["tokens_seen"] += int(tokens["sequences"])
-    wall = time.perf_counter() - run.iteration_start
-    record = {
-        "step": counters["global_step"],
-        "iteration": iteration,
-        **rollout,
-        "tokens_seen": counters["tokens_seen"],
-        "staleness": staleness,
-        "tv_backward": steps[0]["tv"],
-        "tv_final": final_tv,
-        "generation_tokens_per_s": tokens["completions"] / run.timers["generation"],
-        "training_tokens_per_s": run.all_reduce([float(tokens["trained"])])[0] / run.timers["training"],
-        "iteration_seconds": wall,
-        "other_seconds": wall - sum(run.timers.values()),
-    }
-    record.update({f"{phase}_seconds": seconds for phase, seconds in run.timers.items()})
-    if args.loss == "vaco":
-        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
-    run.history["steps"] += steps
-    run.history["iterations"].append(record)
-    if not run.main_process:
-        return
-    for key, value in record.items():
-        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
-        tag = tag or (key if key.startswith("rewards/") else None)  # each reward function's mean, TRL's name
-        if tag and value is not None:
-            run.writer.add_scalar(tag, value, counters["global_step"])
-    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
-    # This process's time and, at its pace so far, the time left (the final evaluation not counted).
-    elapsed = time.time() - run.start_time
-    left = elapsed / (iteration - run.first_iteration + 1) * (run.num_iterations - iteration)
-    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
-    print(
-        f"iter {iteration}/{run.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
-        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
-        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
-        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
-        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
-        f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
-        flush=True,
-    )
-
-
-def log_completions(run: "Run", iteration: int, generated: dict):
-    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
-    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
-    log_completions): what the model writes, and what the reward made of it."""
-    every, count = run.args.log_completions_every, min(run.args.num_completions_to_log, generated["input_ids"].shape[0])
-    if not run.main_process or not count or not every or (iteration != 1 and iteration % every):
-        return
-    rows = take_rows(generated, slice(0, count))
-    width = rows["completion_mask"].shape[1]
-    prompts = [
-        run.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
-        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
-    ]
-    completions = decode_completions(run.tokenizer, rows)
-    table = [
-        [run.counters["global_step"], prompt, completion, float(reward), float(advantage)]
-        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
-    ]
-    text = "\n\n".join(
-        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
-        + prompt.replace("\n", "\n    ")
-        + "\n\ncompletion:\n\n    "
-        + completion.replace("\n", "\n    ")
-        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
-    )
-    run.writer.add_text("completions", text, run.counters["global_step"])
-    if run.args.track:
-        import wandb
-
-        columns = ["step", "prompt", "completion", "reward", "advantage"]
-        log_to_wandb({"completions": wandb.Table(columns=columns, data=table)}, run.counters["global_step"])
-
-
-NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
-
-
-def warn_if_no_signal(run: "Run"):
-    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
-    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
-    streak = 0  # the last iterations in a row with no signal
-    for record in reversed(run.history["iterations"]):
-        if record["zero_std_fraction"] < 1:
-            break
-        streak += 1
-    if not run.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
-        return
-    records = run.history["iterations"][-NO_SIGNAL_ITERATIONS:]
-    reward = np.mean([r["reward"] for r in records])
-    truncated = np.mean([r["truncated_fraction"] for r in records])
-    formatted = np.mean([r["format_rate"] for r in records])
-    print(
-        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
-        f"{run.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
-        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
-        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
-        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
-        flush=True,
-    )
-
-
-def hours_minutes_seconds(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-
-
 # ======================================================================================================================
 # The reward (docs/method.md §4.1): the answer a completion gives, against the reference.
 # ======================================================================================================================
@@ -775,11 +672,23 @@ def hours_minutes_seconds(seconds: float) -> str:
 # Answer parsing (docs/method.md §4): a number is digits with an optional decimal part, not glued to a
 # letter, digit or a further decimal/fraction part (`1e5`, `3.5.2`, `1_000`, `3/4` are not numbers).
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\w]|[.,/]\d)"
+
+
 LEADING_NUMBER_RE = re.compile(rf"\s*:?\s*({NUMBER})")
+
+
 ANY_NUMBER_RE = re.compile(rf"(?<![\w.,/]){NUMBER}")  # not the tail of `3/4` or `3,5` either
+
+
 THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
 DECORATION_RE = re.compile(r"\\boxed\{|\\text\{|\\[()\[\]]|\\\$|\*\*|__|[*`${}]")
+
+
 LABEL_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*:?", re.IGNORECASE)
+
+
 BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -899,11 +808,102 @@ def reward_table(functions, completions: list[str], rows: list[tuple[str, float]
 
 
 # ======================================================================================================================
-# The command line: the flags and their checks (read-only: nothing is made or written).
+# Generation and scoring: the completions of a batch of prompts, and their log-probs under a model.
+# ======================================================================================================================
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
+    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
+
+    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
+    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
+    cut at `max_new_tokens`.
+    """
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    chunk = chunk or len(prompts)
+    pieces = [
+        model.generate(
+            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
+        )
+        for i in range(0, len(prompts), chunk)
+    ]
+    width = max(piece.shape[1] for piece in pieces)
+    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
+    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
+
+
+def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
+    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
+    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
+    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
+    completion = completion.masked_fill(~completion_mask, pad_id)
+    return {
+        "input_ids": torch.cat([prompt_ids, completion], dim=1),
+        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        "completion_mask": completion_mask,
+        "truncated": ~is_stop.any(-1),
+    }
+
+
+def take_rows(batch: dict, rows: slice) -> dict:
+    return {key: value[rows] for key, value in batch.items()}
+
+
+def micro_batches(batch: dict, size: int):
+    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
+
+    The behaviour, training and final-TV passes all score the same slices, so with no lag the
+    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
+    """
+    num_completion = batch["completion_mask"].shape[1]
+    for start in range(0, batch["input_ids"].shape[0], size):
+        ids = batch["input_ids"][start : start + size]
+        mask = batch["attention_mask"][start : start + size]
+        completion_mask = batch["completion_mask"][start : start + size]
+        first = int(mask.any(0).nonzero()[0])
+        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
+        end = ids.shape[1] - num_completion + keep
+        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
+
+
+def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
+    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
+    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
+    with torch.no_grad(), autocast():
+        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
+            if limit is not None and n >= limit:
+                break
+            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
+            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
+    return out
+
+
+def decode_completions(tokenizer, batch: dict) -> list[str]:
+    num_completion = batch["completion_mask"].shape[1]
+    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
+
+
+# ======================================================================================================================
+# The command line's flags (their checks are in the plumbing), what a run derives from them (Setup) and the
+# training state that the iterations move on and a checkpoint holds (State); then main, which runs the phases.
 # ======================================================================================================================
 
 
 GSM8K_ID = "openai/gsm8k"
+
+
 INSTRUCTION = "Solve the problem step by step. End with the final answer on its own line, in the form '#### <number>'."
 
 
@@ -1054,11 +1054,138 @@ class Args:
     overwrite: bool = False
     """if toggled, replace the run of this script in --run-dir: its files go, the folder and nothing else (a folder
     holding other files is refused); without it, an existing run is refused"""
+    auto_resume: bool = False
+    """resume the run in --run-dir if it is this command's run (its args.json holds these flags, but for what a resume may
+    change), start it there if the folder holds no run or one that never started, refuse another run: a requeued
+    job's command (a wandb sweep's agent turns it on, in runs/sweep-<sweep id>/<run id>)"""
     checkpoint_every: int = 10
     """write <run_dir>/checkpoint.pt every this many iterations and at the end (0: only at the end)"""
 
 
-def fail(message: str):
+@dataclass
+class Setup:
+    """What a start derives from the arguments, the same all run long (the data, the tokenizer, the sizes, the sampling
+    set-up, where the process runs), and this process's own resources (the writer, the phase clocks). Nothing here is
+    checkpointed: a resume derives it again from the same arguments."""
+
+    args: Args
+    rank: int
+    world: int
+    run_dir: str
+    device: torch.device
+    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
+    use_bf16: bool
+    tokenizer: object
+    stop_ids: list[int]
+    pad_id: int
+    sample_config: GenerationConfig
+    greedy_config: GenerationConfig
+    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
+    train_rows: list[tuple[str, float]]
+    eval_rows: list[tuple[str, float]]
+    train_prompts: list[list[int]]
+    eval_prompts: list[list[int]]
+    num_iterations: int
+    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
+    local_sequences: int
+    single_pass: bool  # this rank's share of a minibatch is one micro-batch
+    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
+    reward_functions: list  # (name, function, weight) of each reward function
+    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
+    writer: Optional[SummaryWriter] = None  # the main process's
+    start_time: float = 0.0
+    iteration_start: float = 0.0
+    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
+
+    @property
+    def main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.args.forward_lag * self.args.num_epochs
+
+    def all_reduce(self, values: list[float], op=None) -> list[float]:
+        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def start_clock(self):
+        """A new iteration: its phase timers start from zero."""
+        self.timers = collections.Counter()
+        self.iteration_start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        self.synchronize()
+        begin = time.perf_counter()
+        yield
+        self.synchronize()
+        self.timers[phase] += time.perf_counter() - begin
+
+
+@dataclass
+class State:
+    """The training state: what the iterations move on and a checkpoint saves (save_checkpoint), made by
+    initial_state and loaded by restore_checkpoint; with it, the two models that are not checkpointed but go with the
+    policy (the generator, which loads the drawn policy of the buffer, and the frozen reference of --beta)."""
+
+    model: torch.nn.Module
+    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
+    optimizer: torch.optim.Optimizer
+    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
+    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
+    order: collections.deque  # the training rows still to be drawn, in their order
+    run_name: str
+    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
+    reference: Optional[torch.nn.Module] = None  # with --beta and no LoRA: the frozen initial model
+    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
+    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
+    first_iteration: int = 1
+    wandb_id: Optional[str] = None
+
+
+def main(args: Args) -> dict:
+    """Run the experiment: the start (the run folder, the data and model, the state fresh or from the checkpoint), the
+    iterations, the end. Returns the per-step, per-iteration and evaluation histories."""
+    try:
+        args = completed_args(args)
+    except ValueError as error:
+        refuse(str(error))
+    setup, state, finished = start_run(args)
+    if finished:
+        return state.history
+    try:
+        finish(setup, state, iterate(setup, state))
+    except OSError as error:  # a full disk, a read-only or vanished folder: the last checkpoint stays whole
+        print(f"error: cannot write {error.filename or setup.run_dir}: {error.strerror or error}", file=sys.stderr)
+        raise SystemExit(1)
+    return state.history
+
+
+# ======================================================================================================================
+# The run's plumbing: validation, the run folder, the data and the model, checkpoints, signals, logging, saving and
+# evaluation: nothing below is the algorithm, which reads above (the functions and main).
+# ======================================================================================================================
+
+# ---------------------------------------------------------------- the flags' checks (read-only: nothing is made or written)
+
+
+def refuse(message: str):
     """Bad input: one line on stderr (a message of several lines is joined), exit code 2."""
     print("error: " + " ".join(line.strip() for line in message.strip().splitlines()), file=sys.stderr)
     raise SystemExit(2)
@@ -1140,6 +1267,8 @@ CHECKS = [
         "1 to 100 characters, without / or NUL and not . or .. (it names the default run folder)",
     ),
 ]
+
+
 # What a resume may change: the rest is the saved run's. The run folder is where the run is now (it may have moved);
 # the iteration count extends or shortens a run (with a constant learning rate: `schedule_change`); the rest only logs
 # or saves.
@@ -1149,6 +1278,7 @@ RESUME_MAY_CHANGE = {
     "total_steps",
     "resume",
     "overwrite",
+    "auto_resume",
     "track",
     "torch_threads",
     "checkpoint_every",
@@ -1156,7 +1286,13 @@ RESUME_MAY_CHANGE = {
     "log_completions_every",
     "num_completions_to_log",
 }
+
+
+# Flags added since format 1's first runs, with the value that an args.json without them means.
+ADDED_FLAGS = {"auto_resume": False}
 PATH_FLAGS = ("data_file", "eval_data_file")  # files that must be regular files, kept absolute in args.json
+
+
 MAX_GENERATION_BATCH = 2**20  # sequences of one generation batch, K x prompts-per-step x G: far above any real run
 
 
@@ -1261,386 +1397,88 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
     """tyro CLI plus check_args; reads the run folder but writes nothing. Bad input prints one `error:` line and exits
     with code 2."""
     try:
-        args = tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv))
-        check_args(args)
+        args = completed_args(tyro_cli(normalise_bool_flags(sys.argv[1:] if argv is None else argv)))
     except ValueError as error:
-        fail(str(error))
+        refuse(str(error))
     return args
 
 
-# ======================================================================================================================
-# Data, model and generation.
-# ======================================================================================================================
+def completed_args(args: Args) -> Args:
+    """The flags a run starts with: the run folder of a wandb sweep's run (with_sweep_run_dir), --auto-resume's choice
+    (resume_if_same_run), checked (check_args). ValueError for flags that cannot run; nothing is written."""
+    args = with_sweep_run_dir(args)
+    if args.auto_resume and not args.resume and not args.overwrite and args.run_dir and main_rank():
+        args = resume_if_same_run(args)
+    check_args(args)
+    return args
 
 
-def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
-    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
-    bad lines exit 2."""
-    rows = []
-    try:
-        handle = open(path, "rb")
-    except OSError as error:
-        fail(f"cannot read {path}: {error.strerror}")
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                fail(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                fail(f"{path}:{number}: malformed JSON line ({error.msg})")
-            rows.append(check_row(record, f"{path}:{number}", fields))
-    if not rows:
-        fail(f"{path}: no rows")
-    return rows
-
-
-def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
-    question, answer = fields
-    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
-        fail(f"{where}: expected an object with string fields '{question}' and '{answer}'")
-    reference = reference_answer(record[answer])
-    if reference is None:
-        fail(f"{where}: '{answer}' does not end in '#### <number>'")
-    return record[question], reference
-
-
-def hub_resolvable() -> bool:
-    """Whether the hub's host name resolves. With no network this fails at once, where the hub
-    clients would retry for about 30 s (printing a line per retry) before giving up."""
-    try:
-        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
-    except OSError:
-        return False
-    return True
-
-
-def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
-    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
-    if path is not None:
-        return load_jsonl(path, fields)
-    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
-    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
-        fail(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
-    import datasets  # only needed for the hub data; importing it costs seconds
-
-    try:
-        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
-    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
-        fail(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
-    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
-
-
-def model_files(path: str) -> tuple[str, Optional[str]]:
-    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
-    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
-    if os.path.isfile(path):
-        return os.path.dirname(path) or ".", os.path.basename(path)
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path, None
-    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
-    return path, ggufs[0] if len(ggufs) == 1 else None
-
-
-def load_model_and_tokenizer(model_id: str):
-    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
-    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
-    a local model (a missing tokenizer file, a truncated model.safetensors)."""
-    local = looks_like_path(model_id)
-    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
-    # With no network, a model already in the hub cache still loads, and no download is attempted.
-    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    part = "tokenizer"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
-        part = "model"
-        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
-        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
-    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
-        if local:
-            fail(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
-        fail(
-            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
-            "with no network, pass a local model folder: --model-id /path/to/model"
-        )
-    if gguf_file:
-        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
-        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model, tokenizer
-
-
-def keep_output_head_fp32(model):
-    """Under bf16 autocast, compute the output projection (the logits) in fp32.
-
-    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
-    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
-    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
-    """
-    saved = []
-
-    def before(module, inputs):
-        device_type = inputs[0].device.type
-        saved.append(torch.is_autocast_enabled(device_type))
-        torch.set_autocast_enabled(device_type, False)
-        return tuple(x.float() for x in inputs)
-
-    def after(module, inputs, output):
-        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
-
-    head = model.get_output_embeddings()
-    head.register_forward_pre_hook(before)
-    head.register_forward_hook(after)
-
-
-def trainable_policy(model, args: Args):
-    """The model that trains and the frozen reference of --beta. With --lora-r, peft's LoRA adapters on the model
-    (their B initialised to 0: the initial policy is the base model's), and no reference copy: the model with its
-    adapters off is the reference. Without, the model itself, and a frozen copy of it when --beta is not 0."""
-    if args.lora_r:
-        import peft
-
-        warnings.filterwarnings("ignore", module=r"peft(\.|$)")  # a quiet log, as transformers' (its save's guesses)
-        modules = args.lora_target_modules
-        targets = modules if modules == "all-linear" else [name.strip() for name in modules.split(",")]
-        config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets)
-        try:
-            return peft.get_peft_model(model, config), None
-        except ValueError as error:  # target modules not found in the model
-            fail(f"--lora-target-modules {modules}: {error}")
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if args.beta else None
-    return model, reference
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return sorted(set(eos) | {tokenizer.eos_token_id})
-
-
-def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
-    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
-    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
-    args = args or Args()
-    message = f"{question}\n{args.instruction}" if args.instruction else question
-    if tokenizer.chat_template and args.chat_template:
-        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
-        text = tokenizer.apply_chat_template(
-            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, width - len(sequence) :] = 1
-    return ids, mask
-
-
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], pad_id: int, device, chunk=0):
-    """Completions for left-padded prompts: dict of input_ids / attention_mask [B, P + C] and completion_mask [B, C].
-
-    `chunk` sequences per `generate` call (0: all in one call). A completion runs up to and including
-    its first stop token; later columns are padding. `truncated` marks completions with no stop token,
-    cut at `max_new_tokens`.
-    """
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    chunk = chunk or len(prompts)
-    pieces = [
-        model.generate(
-            input_ids=prompt_ids[i : i + chunk], attention_mask=prompt_mask[i : i + chunk], generation_config=config
-        )
-        for i in range(0, len(prompts), chunk)
+def resume_if_same_run(args: Args) -> Args:
+    """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
+    else refused (ValueError); a folder without a run, or with one that never started, starts it. A folder in use is
+    check_run_dir's to refuse."""
+    if not os.path.exists(os.path.join(args.run_dir, RUN_FILE)) or lock_holder(args.run_dir):
+        return args
+    read_run_record(args.run_dir)
+    if never_started(args.run_dir):
+        return args
+    saved = read_saved_args(args.run_dir)
+    changed = [
+        f"{name} {saved[name]!r} there, {stored(name, value)!r} here"
+        for name, value in dataclasses.asdict(args).items()
+        if name not in RESUME_MAY_CHANGE and stored(name, value) != saved[name]
     ]
-    width = max(piece.shape[1] for piece in pieces)
-    output = torch.cat([torch.nn.functional.pad(piece, (0, width - piece.shape[1]), value=pad_id) for piece in pieces])
-    return completion_batch(prompt_ids, prompt_mask, output[:, prompt_ids.shape[1] :], stop_ids, pad_id)
+    if changed:
+        listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+        raise ValueError(f"{args.run_dir} holds another run ({listed}): choose another --run-dir")
+    return dataclasses.replace(args, resume=True)
 
 
-def completion_batch(prompt_ids, prompt_mask, completion, stop_ids: list[int], pad_id: int) -> dict:
-    """The batch dict of left-padded prompts and their sampled completions (see `generate`)."""
-    is_stop = torch.isin(completion, torch.tensor(stop_ids, device=completion.device))
-    completion_mask = (is_stop.long().cumsum(-1) - is_stop.long()) == 0
-    completion = completion.masked_fill(~completion_mask, pad_id)
-    return {
-        "input_ids": torch.cat([prompt_ids, completion], dim=1),
-        "attention_mask": torch.cat([prompt_mask, completion_mask.long()], dim=1),
-        "completion_mask": completion_mask,
-        "truncated": ~is_stop.any(-1),
-    }
+def with_sweep_run_dir(args: Args) -> Args:
+    """Started by a wandb sweep's agent without --run-dir: the folder runs/sweep-<sweep id>/<run id>, with --auto-resume,
+    so that the agent's rerun of a preempted run (same WANDB_RUN_ID, same arguments) continues it, not starts over."""
+    sweep_id, run_id = os.environ.get("WANDB_SWEEP_ID", ""), os.environ.get("WANDB_RUN_ID", "")
+    if args.run_dir or args.resume or args.overwrite or not re.fullmatch(r"\w+ \w+", f"{sweep_id} {run_id}"):
+        return args
+    return dataclasses.replace(args, run_dir=f"runs/sweep-{sweep_id}/{run_id}", auto_resume=True)
 
 
-def take_rows(batch: dict, rows: slice) -> dict:
-    return {key: value[rows] for key, value in batch.items()}
+# ---------------------------------------------------------------- the run folder
 
-
-def micro_batches(batch: dict, size: int):
-    """Consecutive slices of `size` sequences, trimmed of columns that are padding in every row.
-
-    The behaviour, training and final-TV passes all score the same slices, so with no lag the
-    training pass sees exactly the tensors the behaviour pass saw and r = 1 exactly.
-    """
-    num_completion = batch["completion_mask"].shape[1]
-    for start in range(0, batch["input_ids"].shape[0], size):
-        ids = batch["input_ids"][start : start + size]
-        mask = batch["attention_mask"][start : start + size]
-        completion_mask = batch["completion_mask"][start : start + size]
-        first = int(mask.any(0).nonzero()[0])
-        keep = num_completion - int(completion_mask.any(0).flip(0).long().argmax())  # last used column + 1
-        end = ids.shape[1] - num_completion + keep
-        yield slice(start, start + size), ids[:, first:end], mask[:, first:end], completion_mask[:, :keep]
-
-
-def score(model, batch: dict, micro_batch_size: int, temperature: float, autocast, limit=None) -> torch.Tensor:
-    """No-grad log-probs of the completion tokens, [B, C] with 0 on padding; only the first `limit` micro-batches."""
-    out = torch.zeros(batch["completion_mask"].shape, dtype=torch.float32, device=batch["input_ids"].device)
-    with torch.no_grad(), autocast():
-        for n, (rows, ids, mask, completion_mask) in enumerate(micro_batches(batch, micro_batch_size)):
-            if limit is not None and n >= limit:
-                break
-            logp = completion_logprobs(model, ids, mask, completion_mask.shape[1], temperature)
-            out[rows, : completion_mask.shape[1]] = logp.float() * completion_mask
-    return out
-
-
-def decode_completions(tokenizer, batch: dict) -> list[str]:
-    num_completion = batch["completion_mask"].shape[1]
-    return tokenizer.batch_decode(batch["input_ids"][:, -num_completion:].tolist(), skip_special_tokens=True)
-
-
-# ======================================================================================================================
-# What the phases of a run share.
-# ======================================================================================================================
-
-
-@dataclass
-class Run:
-    """What the phases of a run share: made by `start`, moved on by `restore` and the iterations. The model, the
-    optimizer, the policy buffer, the data order and its generator, `history` and `counters` are what a checkpoint
-    saves."""
-
-    args: Args
-    rank: int
-    world: int
-    run_name: str
-    run_dir: str
-    device: torch.device
-    comm_device: torch.device  # where collectives run: the GPU under NCCL, else the CPU (gloo)
-    use_bf16: bool
-    model: torch.nn.Module
-    tokenizer: object
-    generator: torch.nn.Module  # the model itself; with backward lag a copy that loads the drawn policy
-    optimizer: torch.optim.Optimizer
-    policy_buffer: Optional[collections.deque]  # with backward lag: the lag+1 most recent weights, on the host
-    stop_ids: list[int]
-    pad_id: int
-    sample_config: GenerationConfig
-    greedy_config: GenerationConfig
-    checkpoint_generation_config: GenerationConfig  # the model's own, put back when it is saved
-    train_rows: list[tuple[str, float]]
-    eval_rows: list[tuple[str, float]]
-    train_prompts: list[list[int]]
-    eval_prompts: list[list[int]]
-    data_rng: np.random.Generator  # the data order and the buffer draw: the same on every rank
-    order: collections.deque  # the training rows still to be drawn, in their order
-    num_iterations: int
-    local_prompts: int  # this rank's prompts of a minibatch: whole groups, so GRPO's advantages stay local
-    local_sequences: int
-    single_pass: bool  # this rank's share of a minibatch is one micro-batch
-    final_tv_batches: int  # micro-batches of each minibatch scored for lag/final_tv
-    reward_functions: list  # (name, function, weight) of each reward function
-    reference: Optional[torch.nn.Module] = None  # with --beta and no LoRA: the frozen initial model
-    history: dict = dataclasses.field(default_factory=lambda: {"steps": [], "iterations": [], "evals": []})
-    counters: dict = dataclasses.field(default_factory=lambda: {"global_step": 0, "tokens_seen": 0})
-    first_iteration: int = 1
-    wandb_id: Optional[str] = None
-    run_id: Optional[str] = None  # run.json's, written into every checkpoint's header (the main process's)
-    restart: bool = False  # --resume of a run that stopped before its first checkpoint: it starts again
-    writer: Optional[SummaryWriter] = None  # the main process's
-    start_time: float = 0.0
-    iteration_start: float = 0.0
-    timers: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # seconds per phase
-
-    @property
-    def main_process(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.args.forward_lag * self.args.num_epochs
-
-    def all_reduce(self, values: list[float], op=None) -> list[float]:
-        """Sums (or min/max) over ranks, so logged statistics and the filter's D are the whole batch's."""
-        if not self.distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
-        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def autocast(self):
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
-
-    def synchronize(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def start_clock(self):
-        """A new iteration: its phase timers start from zero."""
-        self.timers = collections.Counter()
-        self.iteration_start = time.perf_counter()
-
-    @contextlib.contextmanager
-    def timed(self, phase: str):
-        self.synchronize()
-        begin = time.perf_counter()
-        yield
-        self.synchronize()
-        self.timers[phase] += time.perf_counter() - begin
-
-
-# ======================================================================================================================
-# The run folder. A run of this script writes only the entries below into it; run.json makes a folder a run. Every
-# check is read-only and made before anything is written, then again under the folder's lock (claim_run_folder).
-# ======================================================================================================================
+# A run of this script writes only the entries below into it; run.json makes a folder a run. Every check is
+# read-only and made before anything is written, then again under the folder's lock (claim_run_dir).
 
 
 RUN_FILE, ARGS_FILE, SUMMARY_FILE, LOCK_FILE = "run.json", "args.json", "summary.json", "run.lock"
+
+
 CHECKPOINT = "checkpoint.pt"
+
+
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"  # the one before the last, kept when a new one is written
-OWN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+
+
+RUN_FILES = {RUN_FILE, ARGS_FILE, SUMMARY_FILE, CHECKPOINT, PREVIOUS_CHECKPOINT, LOCK_FILE}
+
+
 WANDB_LOST = []  # why wandb stopped taking this process's scalars (log_to_wandb), if it did
+
+
 OWN_FOLDERS = {"model", "model.tmp", "model.old"}  # save_pretrained's folder and its swap leftovers (save_model)
+
+
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's files
-HEADER_SIZE = 256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
+
+
+CHECKPOINT_HEADER_BYTES = (
+    256  # the checkpoint's first line: JSON padded with spaces, then "\n"; the torch.save payload follows
+)
+
+
 VERIFIED = set()  # (device, inode, size, mtime) of checkpoints whose digest this process checked: hashed once
 
 
-def own_entry(folder: str, name: str, recorded: Optional[list] = None) -> bool:
+def written_by_a_run(folder: str, name: str, recorded: Optional[list] = None) -> bool:
     """Whether `name` in `folder` is something a run of this script writes: its files, their `.tmp` versions, the
     model folders, and the TensorBoard files that run.json records as written (`recorded`; None: any, as a run.json of
     an earlier version records none, or a start's own new entries). A link never is (it is the user's)."""
@@ -1651,7 +1489,7 @@ def own_entry(folder: str, name: str, recorded: Optional[list] = None) -> bool:
         return os.path.isdir(path)
     base = name[: -len(".tmp")] if name.endswith(".tmp") else name
     events = base.startswith(EVENTS_PREFIX) and (recorded is None or base in recorded)
-    return not os.path.isdir(path) and (base in OWN_FILES or events)
+    return not os.path.isdir(path) and (base in RUN_FILES or events)
 
 
 def is_linked(path: str) -> bool:
@@ -1706,14 +1544,14 @@ def lock_holder(run_dir: str) -> Optional[str]:
 def leftover(folder: str, name: str) -> bool:
     """What a start killed before it wrote run.json can leave: the lock and `.tmp` files. A folder holding only these
     counts as empty."""
-    return own_entry(folder, name) and (name == LOCK_FILE or name.endswith(".tmp"))
+    return written_by_a_run(folder, name) and (name == LOCK_FILE or name.endswith(".tmp"))
 
 
 def listed(names: list[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def read_json_object(path: str) -> dict:
+def read_json(path: str) -> dict:
     """The JSON object in `path`; ValueError saying what is wrong with the file."""
     try:
         with open(path, "rb") as handle:
@@ -1729,10 +1567,10 @@ def read_json_object(path: str) -> dict:
     return value
 
 
-def read_run(folder: str) -> dict:
+def read_run_record(folder: str) -> dict:
     """run.json: the script whose run the folder holds, the format and the run's id."""
     path = os.path.join(folder, RUN_FILE)
-    run = read_json_object(path)
+    run = read_json(path)
     if not all(isinstance(run.get(key), str) for key in ("script", "run_id")) or type(run.get("format")) is not int:
         raise ValueError(f"{path} is not a run description (script, format, run_id)")
     if run["script"] != SCRIPT:
@@ -1750,14 +1588,14 @@ def read_run(folder: str) -> dict:
 def record_written(run_dir: str, name: str):
     """Add `name` to the files that run_dir's run.json records as written by the run; a run.json of an earlier version
     records none and stays."""
-    run = read_run(run_dir)
+    run = read_run_record(run_dir)
     if "files" in run and name not in run["files"]:
         write_json(os.path.join(run_dir, RUN_FILE), {**run, "files": [*run["files"], name]})
 
 
 def check_run_dir(args: Args):
     """Raise ValueError if the run folder cannot be used: flags that exclude each other, a path that cannot be a
-    writable folder, or what check_folder finds in it. The default folder is new (made by the claim): only runs/."""
+    writable folder, or what check_run_dir_contents finds in it. The default folder is new (made by the claim): only runs/."""
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     if args.run_dir == "":
@@ -1766,6 +1604,10 @@ def check_run_dir(args: Args):
         raise ValueError("--resume needs the --run-dir of the run to continue (one started without it is in runs/gsm8k__...)")
     if args.overwrite and not args.run_dir:
         raise ValueError("--overwrite needs --run-dir: the folder of the run to replace")
+    if args.auto_resume and args.overwrite:
+        raise ValueError("--auto-resume and --overwrite exclude each other")
+    if args.auto_resume and not args.run_dir:
+        raise ValueError("--auto-resume needs --run-dir: a folder named by the run (e.g. runs/gsm8k__vaco__k4__s1)")
     path, shown = (args.run_dir, f"--run-dir {args.run_dir}") if args.run_dir else ("runs", "runs/ (the default)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{shown} is a file")
@@ -1779,7 +1621,7 @@ def check_run_dir(args: Args):
     limit = name_limit(existing)
     if any(len(os.fsencode(part)) > limit for part in os.path.abspath(path).split("/")):
         raise ValueError(f"{shown}: a name in it is longer than the {limit} bytes that the file system takes")
-    default = f"{default_run_name(args)}-99"  # room for claim_default_folder's -2, -3, ...
+    default = f"{default_run_name(args)}-99"  # room for claim_default_run_dir's -2, -3, ...
     if not args.run_dir and len(os.fsencode(default)) > limit:
         raise ValueError(
             f"--exp-name makes the run folder's name {len(os.fsencode(default))} bytes long; the file system takes {limit}"
@@ -1788,7 +1630,7 @@ def check_run_dir(args: Args):
     if holder:  # whatever else would be said of the folder, its run is in progress
         raise ValueError(f"{args.run_dir} is in use by {holder}")
     if args.run_dir:
-        check_folder(args, args.run_dir)
+        check_run_dir_contents(args, args.run_dir)
 
 
 def name_limit(folder: str) -> int:
@@ -1803,7 +1645,7 @@ def default_run_name(args: Args) -> str:
     return f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
 
 
-def check_folder(args: Args, folder: str):
+def check_run_dir_contents(args: Args, folder: str):
     """Raise ValueError if `folder` cannot take this start: a fresh start needs it empty (leftovers aside); --overwrite
     a run of this script and nothing else; --resume a run of this script whose args.json and checkpoint check out. What
     a run writes under a name it reuses (the lock, a .tmp, the model folders) is never a link out of the folder."""
@@ -1824,12 +1666,12 @@ def check_folder(args: Args, folder: str):
     if RUN_FILE not in content:
         raise ValueError(f"{folder} holds files that are not a run of {SCRIPT}: {listed(content)}; choose another --run-dir")
     try:
-        recorded = read_run(folder).get("files")
+        recorded = read_run_record(folder).get("files")
     except ValueError as error:
         raise ValueError(f"{error}; choose another --run-dir")
-    if not args.overwrite:
+    if not args.overwrite and not (args.auto_resume and never_started(folder)):
         raise ValueError(f"{folder} already holds a run: --resume continues it, --overwrite replaces it")
-    others = [name for name in content if not own_entry(folder, name, recorded)]
+    others = [name for name in content if not written_by_a_run(folder, name, recorded)]
     if others:
         raise ValueError(
             f"--overwrite: {folder} holds files that are not part of a run: {listed(others)}; move them away first"
@@ -1843,17 +1685,10 @@ def check_resume(args: Args, folder: str):
         raise ValueError(f"--resume: {folder} holds no run")
     saved_args = os.path.join(folder, ARGS_FILE)
     try:
-        run = read_run(folder)
-        saved = read_saved_args(saved_args)
+        run = read_run_record(folder)
+        saved = read_saved_args(folder)
     except ValueError as error:
         raise ValueError(f"--resume: {error}")
-    started = run.get("args_sha256")
-    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
-    if changed:
-        raise ValueError(
-            f"--resume: {saved_args} has changed since the run started ({', '.join(changed)}): put it back; a run's "
-            "arguments change only on the command line, where --resume allows"
-        )
     for name, value in dataclasses.asdict(args).items():
         if name not in RESUME_MAY_CHANGE and saved[name] != stored(name, value):
             raise ValueError(f"--resume: {flag(name)} is {stored(name, value)} here but {saved[name]} in {saved_args}")
@@ -1862,17 +1697,40 @@ def check_resume(args: Args, folder: str):
         raise ValueError(problem)
 
 
-def read_saved_args(path: str) -> dict:
-    """args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args field's type."""
-    saved = read_json_object(path)
+def read_saved_args(run_dir: str) -> dict:
+    """The run's args.json as a dict; ValueError naming the first key that is missing, unknown or not of its Args
+    field's type, or the keys changed since the run started (the digests in run.json)."""
+    path = os.path.join(run_dir, ARGS_FILE)
+    if not os.path.isfile(path):
+        never = never_started(run_dir)
+        raise ValueError(
+            f"{path} is missing: "
+            + ("the run never started; --auto-resume or " if never else "")
+            + "--overwrite starts it afresh"
+        )
+    saved = read_json(path)
     kinds = {field.name: field.type for field in dataclasses.fields(Args)}
-    missing, unknown = sorted(kinds.keys() - saved.keys()), sorted(saved.keys() - kinds.keys())
+    full = {**ADDED_FLAGS, **saved}
+    missing, unknown = sorted(kinds.keys() - full.keys()), sorted(full.keys() - kinds.keys())
     if missing or unknown:
         raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
     for name, kind in kinds.items():
-        if not json_fits(saved[name], kind):
-            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])[:60]}")
-    return saved
+        if not json_fits(full[name], kind):
+            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(full[name])[:60]}")
+    started = read_run_record(run_dir).get("args_sha256")
+    changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
+    if changed:
+        raise ValueError(
+            f"{path} has changed since the run started ({', '.join(changed)}): put it back; a run's arguments change "
+            "only on the command line, where --resume allows"
+        )
+    return full
+
+
+def never_started(run_dir: str) -> bool:
+    """Whether run_dir's run.json is all that a start killed before it wrote args.json left (with run.lock and .tmp
+    files): a run to start again."""
+    return all(name == RUN_FILE or leftover(run_dir, name) for name in os.listdir(run_dir))
 
 
 def json_fits(value, kind):
@@ -1947,14 +1805,14 @@ class Payload:
 
 def checkpoint_header(run_id: str, sha256: str) -> bytes:
     text = json.dumps({"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "sha256": sha256})
-    return text.encode().ljust(HEADER_SIZE - 1) + b"\n"
+    return text.encode().ljust(CHECKPOINT_HEADER_BYTES - 1) + b"\n"
 
 
 def read_header(handle) -> dict:
     """The checkpoint's header line; ValueError where there is none (an empty or cut file, or not a checkpoint)."""
-    line = handle.read(HEADER_SIZE)
+    line = handle.read(CHECKPOINT_HEADER_BYTES)
     try:
-        header = json.loads(line) if len(line) == HEADER_SIZE and line.endswith(b"\n") else None
+        header = json.loads(line) if len(line) == CHECKPOINT_HEADER_BYTES and line.endswith(b"\n") else None
     except ValueError:
         header = None
     if not isinstance(header, dict) or not all(isinstance(header.get(key), str) for key in ("script", "run_id", "sha256")):
@@ -1992,9 +1850,9 @@ def checkpoint_problem(path: str, run_id: str) -> Optional[str]:
     return None
 
 
-def resume_checkpoint(folder: str) -> Optional[str]:
+def checkpoint_to_resume(folder: str) -> Optional[str]:
     """The checkpoint a --resume continues from: checkpoint.pt, or checkpoint.prev.pt where checkpoint.pt is missing
-    (a crash between the two renames of save_checkpoint); None before the run's first checkpoint."""
+    (a crash between the two renames of write_checkpoint_file); None before the run's first checkpoint."""
     for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
         if os.path.exists(os.path.join(folder, name)):
             return os.path.join(folder, name)
@@ -2004,7 +1862,7 @@ def resume_checkpoint(folder: str) -> Optional[str]:
 def checkpoint_check(folder: str, run_id: str) -> Optional[str]:
     """checkpoint_problem of the checkpoint a resume would read, with the remedy: the previous checkpoint where it is
     whole, else --overwrite. An unreadable file (permissions) is not damaged: no remedy is offered."""
-    path = resume_checkpoint(folder)
+    path = checkpoint_to_resume(folder)
     problem = path and checkpoint_problem(path, run_id)
     if not problem:
         return None
@@ -2020,13 +1878,10 @@ def load_checkpoint(path: str) -> dict:
     """The state a checkpoint holds (checkpoint_problem has checked the file)."""
     with open(path, "rb") as handle:
         read_header(handle)
-        return torch.load(Payload(handle, HEADER_SIZE), map_location="cpu", weights_only=False)
+        return torch.load(Payload(handle, CHECKPOINT_HEADER_BYTES), map_location="cpu", weights_only=False)
 
 
-# ======================================================================================================================
-# The run's plumbing: the run folder's claim, set-up, resume, the run folder's files and logs, evaluation,
-# checkpoints, the end of the run.
-# ======================================================================================================================
+# ---------------------------------------------------------------- the start: the claim, data and model, training state
 
 
 @dataclass
@@ -2042,37 +1897,37 @@ class Claim:
 
 
 # The descriptor of the main process's locked run.lock, open while the process lives: closing any descriptor of the
-# file releases the process's lock on it (POSIX), so a later train() in this process on the same folder reuses it.
+# file releases the process's lock on it (POSIX), so a later main() in this process on the same folder reuses it.
 HELD_LOCK = {"fd": None}
 
 
-def claim_run_folder(args: Args, run_name: str) -> Claim:
+def claim_run_dir(args: Args, run_name: str) -> Claim:
     """Make and lock the main process's run folder, then check it again under the lock: another process may have
     started in it since check_args. A default folder is runs/<run_name>, or runs/<run_name>-2, -3, ... when taken."""
     try:
         if args.run_dir is None:
-            run_dir, created = claim_default_folder(run_name), True
+            run_dir, created = claim_default_run_dir(run_name), True
             run_name = os.path.basename(run_dir)
         else:
             run_dir, created = args.run_dir, not os.path.isdir(args.run_dir)
             os.makedirs(run_dir, exist_ok=True)
-            holder = lock_folder(run_dir)
+            holder = lock_run_dir(run_dir)
             if holder:
-                fail(f"{run_dir} is in use by {holder}")
+                refuse(f"{run_dir} is in use by {holder}")
         claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
     except OSError as error:
-        fail(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
+        refuse(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
     try:
-        check_folder(args, run_dir)
+        check_run_dir_contents(args, run_dir)
     except ValueError as error:
         roll_back(claim)
-        fail(str(error))
+        refuse(str(error))
     if args.resume:
-        claim.run_id = read_run(run_dir)["run_id"]
+        claim.run_id = read_run_record(run_dir)["run_id"]
     return claim
 
 
-def claim_default_folder(run_name: str) -> str:
+def claim_default_run_dir(run_name: str) -> str:
     """runs/<run_name>, made with os.mkdir, which fails on a folder that exists: two runs started in the same second
     get two folders (the second one runs/<run_name>-2)."""
     os.makedirs("runs", exist_ok=True)
@@ -2080,11 +1935,11 @@ def claim_default_folder(run_name: str) -> str:
         run_dir = os.path.join("runs", run_name if number == 1 else f"{run_name}-{number}")
         with contextlib.suppress(FileExistsError):
             os.mkdir(run_dir)
-            if lock_folder(run_dir) is None:  # else another process took it, with --run-dir
+            if lock_run_dir(run_dir) is None:  # else another process took it, with --run-dir
                 return run_dir
 
 
-def lock_folder(run_dir: str) -> Optional[str]:
+def lock_run_dir(run_dir: str) -> Optional[str]:
     """Lock <run_dir>/run.lock for this process and write who holds it; returns what the file says when another
     process holds it. Where the file system has no locks, a warning, and the start goes on."""
     path = os.path.join(run_dir, LOCK_FILE)
@@ -2124,7 +1979,11 @@ def roll_back(claim: Claim):
     the folder too if this start made it and nothing else is in it."""
     with contextlib.suppress(OSError):
         for name in os.listdir(claim.run_dir):
-            if name != LOCK_FILE and own_entry(claim.run_dir, name) and (name not in claim.before or name in claim.written):
+            if (
+                name != LOCK_FILE
+                and written_by_a_run(claim.run_dir, name)
+                and (name not in claim.before or name in claim.written)
+            ):
                 remove_entry(os.path.join(claim.run_dir, name))
     if claim.created:
         with contextlib.suppress(OSError):
@@ -2132,9 +1991,41 @@ def roll_back(claim: Claim):
             os.rmdir(claim.run_dir)
 
 
-def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
-    """Seeds, the data, the model on its device (and the process group under torchrun), the sampling set-up, the
-    optimizer and the policy buffer. Bad data stops the run before any model is loaded."""
+def start_run(args: Args) -> tuple[Setup, State, bool]:
+    """Everything before the iterations: the run folder claimed (main process), the data and the model, the training
+    state, fresh or the checkpoint's (--resume), then the run folder's files, wandb and TensorBoard. Returns the Setup,
+    the State and whether the run has already finished (a resume that leaves it as it is). A start that fails (bad
+    data, a model that does not load, no wandb login, a full disk) leaves the folder as it found it."""
+    run_name = default_run_name(args)
+    claim = claim_run_dir(args, run_name) if main_rank() else None
+    try:
+        setup, model, reference = load_data_and_model(args, claim, run_name)
+        if setup.distributed and args.auto_resume:  # every process continues or starts as the main one decided
+            decided = [args.resume]
+            torch.distributed.broadcast_object_list(decided, src=0)
+            args = setup.args = dataclasses.replace(args, resume=decided[0])
+        state = initial_state(setup, model, reference, claim.run_name if claim else run_name, claim.run_id if claim else None)
+        path = checkpoint_to_resume(setup.run_dir) if args.resume else None
+        setup.restart = args.resume and path is None
+        if setup.restart and setup.main_process:
+            print(f"--resume: no {CHECKPOINT} in {setup.run_dir}: starting the run again from the beginning", flush=True)
+        if path is not None:
+            restore_checkpoint(setup, state, path)
+        if run_has_finished(setup, state):
+            return setup, state, True
+        write_run_start(setup, state, claim)
+    except BaseException:
+        if claim:
+            roll_back(claim)
+        raise
+    return setup, state, False
+
+
+def load_data_and_model(
+    args: Args, claim: Optional[Claim], run_name: str
+) -> tuple[Setup, torch.nn.Module, Optional[torch.nn.Module]]:
+    """Seeds, the data, the model on its device (and the process group under torchrun) and the sampling set-up: the
+    Setup, the model to train and the reference of --beta. Bad data stops the run before any model is loaded."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
 
@@ -2178,27 +2069,18 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens
     )
     model, reference = trainable_policy(model, args)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
     local_prompts = args.prompts_per_step // world
     local_sequences = local_prompts * args.num_generations
-    return Run(
+    setup = Setup(
         args=args,
         rank=rank,
         world=world,
-        run_name=claim.run_name if claim else run_name,
         run_dir=claim.run_dir if claim else args.run_dir or os.path.join("runs", run_name),
-        run_id=claim.run_id if claim else None,
         device=device,
         comm_device=device if world > 1 and device.type == "cuda" else torch.device("cpu"),
         use_bf16=use_bf16,
-        model=model,
         tokenizer=tokenizer,
-        # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included, kept
-        # in host memory until drawn. With no lag the learner generates itself and no copy is kept.
-        generator=copy.deepcopy(model).eval() if args.lag else model,
-        optimizer=optimizer,
-        policy_buffer=collections.deque([snapshot(model)], maxlen=args.lag + 1) if args.lag else None,
         stop_ids=stop_ids,
         pad_id=pad_id,
         sample_config=sample_config,
@@ -2208,64 +2090,239 @@ def start(args: Args, claim: Optional[Claim], run_name: str) -> Run:
         eval_rows=eval_rows,
         train_prompts=[encode_prompt(tokenizer, question, args) for question, _ in train_rows],
         eval_prompts=[encode_prompt(tokenizer, question, args) for question, _ in eval_rows],
-        data_rng=np.random.default_rng(args.seed),
-        order=collections.deque(),
         num_iterations=args.total_steps // (args.forward_lag * args.num_epochs) if args.total_steps else args.num_iterations,
         local_prompts=local_prompts,
         local_sequences=local_sequences,
         single_pass=args.micro_batch_size == local_sequences,
         final_tv_batches=math.ceil(args.final_tv_fraction * (local_sequences // args.micro_batch_size)),
         reward_functions=reward_functions(args),
+    )
+    return setup, model, reference
+
+
+def load_jsonl(path: str, fields: tuple[str, str] = ("question", "answer")) -> list[tuple[str, float]]:
+    """(question, reference) pairs from a JSONL file with the (question, answer) `fields`, openai/gsm8k's by default;
+    bad lines exit 2."""
+    rows = []
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        refuse(f"cannot read {path}: {error.strerror}")
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                refuse(f"{path}:{number}: not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                refuse(f"{path}:{number}: malformed JSON line ({error.msg})")
+            rows.append(check_row(record, f"{path}:{number}", fields))
+    if not rows:
+        refuse(f"{path}: no rows")
+    return rows
+
+
+def check_row(record, where: str, fields: tuple[str, str] = ("question", "answer")) -> tuple[str, float]:
+    question, answer = fields
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in fields):
+        refuse(f"{where}: expected an object with string fields '{question}' and '{answer}'")
+    reference = reference_answer(record[answer])
+    if reference is None:
+        refuse(f"{where}: '{answer}' does not end in '#### <number>'")
+    return record[question], reference
+
+
+def hub_resolvable() -> bool:
+    """Whether the hub's host name resolves. With no network this fails at once, where the hub
+    clients would retry for about 30 s (printing a line per retry) before giving up."""
+    try:
+        socket.getaddrinfo(urllib.parse.urlparse(huggingface_hub.constants.ENDPOINT).hostname, 443)
+    except OSError:
+        return False
+    return True
+
+
+def load_split(path: Optional[str], split: str, fields: tuple[str, str] = ("question", "answer")):
+    """(question, reference) pairs of a JSONL file when given, else of openai/gsm8k (config main) from the hub."""
+    if path is not None:
+        return load_jsonl(path, fields)
+    flag = "--data-file" if split == "train" else "--eval-data-file (or --eval-every 0)"
+    if not huggingface_hub.constants.HF_HUB_OFFLINE and not hub_resolvable():
+        refuse(f"no network to load {GSM8K_ID}: pass a local JSONL file with {flag}, or HF_HUB_OFFLINE=1 for a cached copy")
+    import datasets  # only needed for the hub data; importing it costs seconds
+
+    try:
+        dataset = datasets.load_dataset(GSM8K_ID, "main", split=split)
+    except Exception as error:  # any failure here (offline, missing cache) has the same remedy
+        refuse(f"could not load {GSM8K_ID} {split} split ({type(error).__name__}); pass a local JSONL file with {flag}")
+    return [check_row(record, f"{GSM8K_ID} {split} row {i}", fields) for i, record in enumerate(dataset)]
+
+
+def model_files(path: str) -> tuple[str, Optional[str]]:
+    """A local model's folder and its GGUF file: `path` itself when it is a .gguf file, the folder's only .gguf file
+    when it has no config.json (as a package that ships one GGUF file), else None (a save_pretrained folder)."""
+    if os.path.isfile(path):
+        return os.path.dirname(path) or ".", os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    ggufs = [name for name in os.listdir(path) if name.endswith(".gguf")]
+    return path, ggufs[0] if len(ggufs) == 1 else None
+
+
+def load_model_and_tokenizer(model_id: str):
+    """Model (fp32 weights) and tokenizer through the Auto classes, from a hub id, a save_pretrained folder or a GGUF
+    file (dequantized to fp32 by transformers); one that cannot load exits 2, with the library's whole message for
+    a local model (a missing tokenizer file, a truncated model.safetensors)."""
+    local = looks_like_path(model_id)
+    source, gguf_file = model_files(os.path.expanduser(model_id)) if local else (model_id, None)
+    # With no network, a model already in the hub cache still loads, and no download is attempted.
+    local_only = local or huggingface_hub.constants.HF_HUB_OFFLINE or not hub_resolvable()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    part = "tokenizer"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **extra)
+        part = "model"
+        # The GGUF reader's own progress bar (not transformers' switch) would otherwise stand in the run's log.
+        with contextlib.redirect_stderr(io.StringIO()) if gguf_file else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=local_only, **extra)
+    except Exception as error:  # OSError, ValueError, safetensors' own error, ...: the file or the download failed
+        if local:
+            refuse(f"could not load the {part} from {os.path.join(source, gguf_file) if gguf_file else source}: {error}")
+        refuse(
+            f"could not load the {part} of '{model_id}' from the Hugging Face hub ({type(error).__name__}); "
+            "with no network, pass a local model folder: --model-id /path/to/model"
+        )
+    if gguf_file:
+        # The weights were dequantized to fp32 on load: an ordinary model from here on, which save_pretrained
+        # writes as safetensors (it refuses a model still marked as GGUF-quantized).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # Dropout would make pi_theta stochastic, so r != 1 with no lag and D would measure noise (TRL does the same).
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model, tokenizer
+
+
+def keep_output_head_fp32(model):
+    """Under bf16 autocast, compute the output projection (the logits) in fp32.
+
+    bf16 has an 8-bit mantissa: a logit near 20 is off by up to 0.06, so log pi_theta - log beta
+    would carry rounding noise of the size of VACO's budget delta/2 = 0.025. Hooks (not a wrapped
+    forward) so that a deep copy of the model, the lagged generator, keeps the behaviour.
+    """
+    saved = []
+
+    def before(module, inputs):
+        device_type = inputs[0].device.type
+        saved.append(torch.is_autocast_enabled(device_type))
+        torch.set_autocast_enabled(device_type, False)
+        return tuple(x.float() for x in inputs)
+
+    def after(module, inputs, output):
+        torch.set_autocast_enabled(inputs[0].device.type, saved.pop())
+
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(before)
+    head.register_forward_hook(after)
+
+
+def trainable_policy(model, args: Args):
+    """The model that trains and the frozen reference of --beta. With --lora-r, peft's LoRA adapters on the model
+    (their B initialised to 0: the initial policy is the base model's), and no reference copy: the model with its
+    adapters off is the reference. Without, the model itself, and a frozen copy of it when --beta is not 0."""
+    if args.lora_r:
+        import peft
+
+        warnings.filterwarnings("ignore", module=r"peft(\.|$)")  # a quiet log, as transformers' (its save's guesses)
+        modules = args.lora_target_modules
+        targets = modules if modules == "all-linear" else [name.strip() for name in modules.split(",")]
+        config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=targets)
+        try:
+            return peft.get_peft_model(model, config), None
+        except ValueError as error:  # target modules not found in the model
+            refuse(f"--lora-target-modules {modules}: {error}")
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if args.beta else None
+    return model, reference
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return sorted(set(eos) | {tokenizer.eos_token_id})
+
+
+def encode_prompt(tokenizer, question: str, args: Optional[Args] = None) -> list[int]:
+    """The question and `args.instruction` (default flags when None): through the chat template when the tokenizer
+    has one and --chat-template (it adds its own special tokens), with the system prompt if any; else plain text."""
+    args = args or Args()
+    message = f"{question}\n{args.instruction}" if args.instruction else question
+    if tokenizer.chat_template and args.chat_template:
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
+        text = tokenizer.apply_chat_template(
+            system + [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(f"Question: {message}\nAnswer:")["input_ids"]
+
+
+def initial_state(setup: Setup, model, reference, run_name: str, run_id: Optional[str]) -> State:
+    """The training state of a fresh start: the loaded model, its optimizer, the policy buffer holding it, the data
+    order's generator at the seed, no history."""
+    args = setup.args
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    return State(
+        model=model,
+        # Policy buffer (docs/method.md §2): the lag+1 most recent weights, the current ones included, kept
+        # in host memory until drawn. With no lag the learner generates itself and no copy is kept.
+        generator=copy.deepcopy(model).eval() if args.lag else model,
+        optimizer=optimizer,
+        policy_buffer=collections.deque([snapshot(model)], maxlen=args.lag + 1) if args.lag else None,
+        data_rng=np.random.default_rng(args.seed),
+        order=collections.deque(),
+        run_name=run_name,
+        run_id=run_id,
         reference=reference,
     )
 
 
-def snapshot(model) -> dict:
-    """The weights, copied to host memory: an entry of the policy buffer. Tied weights (an output head that is the
-    input embedding) stay one tensor, held and checkpointed once."""
-    copies = {}
-    for value in model.state_dict().values():
-        if value.data_ptr() not in copies:
-            copies[value.data_ptr()] = value.detach().to("cpu", copy=True)
-    return {key: copies[value.data_ptr()] for key, value in model.state_dict().items()}
-
-
-def restore(run: Run):
-    """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the last
-    checkpoint (checked by check_args and again under the claim). A run that stopped before its first checkpoint starts
-    again from the beginning, same arguments. A checkpoint of another model stops here, before anything is written."""
-    args = run.args
-    path = resume_checkpoint(run.run_dir) if args.resume else None
-    run.restart = args.resume and path is None
-    if run.restart and run.main_process:
-        print(f"--resume: no {CHECKPOINT} in {run.run_dir}: starting the run again from the beginning", flush=True)
-    if path is None:
-        return
-    if path.endswith(PREVIOUS_CHECKPOINT) and run.main_process:
+def restore_checkpoint(setup: "Setup", state: "State", path: str):
+    """--resume: the model, optimizer, policy buffer, data order, RNG states, histories and counters of the checkpoint at
+    `path` (checked by check_args and again under the claim) into the fresh `state`. A checkpoint of another model
+    stops here, before anything is written."""
+    args = setup.args
+    if path.endswith(PREVIOUS_CHECKPOINT) and setup.main_process:
         print(f"--resume: no {CHECKPOINT} (the run stopped while replacing it): continuing from {path}", flush=True)
     try:
-        state = load_checkpoint(path)
-        missing = {"model", "optimizer", "iteration", "world_size", "history", "counters"} - set(state)
+        checkpoint = load_checkpoint(path)
+        missing = {"model", "optimizer", "iteration", "world_size", "history", "counters"} - set(checkpoint)
         if missing:
             raise ValueError(f"no {', '.join(sorted(missing))}")
     except Exception as error:  # a checkpoint whose digest holds but not its content: another revision's keys
-        fail(f"--resume: {path} is damaged ({str(error).strip() or type(error).__name__})")
-    mismatch = model_mismatch(run.model, state["model"])
+        refuse(f"--resume: {path} is damaged ({str(error).strip() or type(error).__name__})")
+    mismatch = model_mismatch(state.model, checkpoint["model"])
     if mismatch:
-        fail(f"--resume: {path} holds another model than --model-id {args.model_id} ({mismatch})")
-    if state["world_size"] != run.world:
-        fail(f"--resume: the run used {state['world_size']} processes, this one {run.world}")
-    run.model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
+        refuse(f"--resume: {path} holds another model than --model-id {args.model_id} ({mismatch})")
+    if checkpoint["world_size"] != setup.world:
+        refuse(f"--resume: the run used {checkpoint['world_size']} processes, this one {setup.world}")
+    state.model.load_state_dict(checkpoint["model"])
+    state.optimizer.load_state_dict(checkpoint["optimizer"])
     if args.lag:
-        run.policy_buffer.clear()
-        run.policy_buffer.extend(state["policy_buffer"])
-    run.data_rng.bit_generator.state = state["data_rng"]
-    run.order.extend(state["order"])
-    set_rng_state(state["rng"][run.rank])
-    run.history, run.counters, run.wandb_id = state["history"], state["counters"], state["wandb_id"]
-    run.first_iteration = state["iteration"] + 1
-    run.run_name = state["run_name"]
+        state.policy_buffer.clear()
+        state.policy_buffer.extend(checkpoint["policy_buffer"])
+    state.data_rng.bit_generator.state = checkpoint["data_rng"]
+    state.order.extend(checkpoint["order"])
+    set_rng_state(checkpoint["rng"][setup.rank])
+    state.history, state.counters, state.wandb_id = checkpoint["history"], checkpoint["counters"], checkpoint["wandb_id"]
+    state.first_iteration = checkpoint["iteration"] + 1
+    state.run_name = checkpoint["run_name"]
 
 
 def model_mismatch(model, saved: dict) -> Optional[str]:
@@ -2278,86 +2335,414 @@ def model_mismatch(model, saved: dict) -> Optional[str]:
     return None
 
 
-def is_finished(run: Run) -> bool:
+def run_has_finished(setup: Setup, state: State) -> bool:
     """--resume of a run that did all its iterations and wrote summary.json: it stays as it is (nothing is evaluated or
     written again). Without summary.json (killed after its last checkpoint) the run's end is still to do."""
-    done = run.first_iteration - 1
-    if done < run.num_iterations:
+    done = state.first_iteration - 1
+    if done < setup.num_iterations:
         return False
-    if not os.path.exists(os.path.join(run.run_dir, SUMMARY_FILE)):
-        if run.main_process:
+    if not os.path.exists(os.path.join(setup.run_dir, SUMMARY_FILE)):
+        if setup.main_process:
             print(f"--resume: all {done} iterations are done; writing the run's end", flush=True)
         return False
-    if run.main_process:
+    if setup.main_process:
         print(
-            f"--resume: the run in {run.run_dir} is finished ({done} iterations done, {run.num_iterations} asked): "
+            f"--resume: the run in {setup.run_dir} is finished ({done} iterations done, {setup.num_iterations} asked): "
             "nothing to do (a larger --num-iterations or --total-steps continues it)",
             flush=True,
         )
-    if run.distributed:
+    if setup.distributed:
         torch.distributed.destroy_process_group()
     return True
 
 
-def open_run_folder(run: Run, claim: Claim):
+def write_run_start(setup: Setup, state: State, claim: Claim):
     """The main process's start in its claimed folder: wandb first (a failure leaves the folder untouched), then for a
     fresh start or --overwrite run.json and args.json (a resume keeps the run's own), TensorBoard, the memory line."""
-    args, run_dir = run.args, run.run_dir
-    if not run.main_process:
+    args, run_dir = setup.args, setup.run_dir
+    if not setup.main_process:
         return
     if args.track:
-        start_wandb(run)
+        start_wandb(setup, state)
     try:
         if not args.resume:
-            write_run_files(run, claim)
+            write_run_files(setup, state, claim)
         # purge_step drops anything logged after the checkpoint by the interrupted run (a restart: everything).
-        purge_step = 0 if run.restart else run.counters["global_step"] + 1 if args.resume else None
+        purge_step = 0 if setup.restart else state.counters["global_step"] + 1 if args.resume else None
         before = set(os.listdir(run_dir))
-        run.writer = (WandbWriter if args.track else SummaryWriter)(run_dir, purge_step=purge_step)
+        setup.writer = (WandbWriter if args.track else SummaryWriter)(run_dir, purge_step=purge_step)
         for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
             claim.written.add(name)
             record_written(run_dir, name)
-        if not args.resume or run.restart:
-            run.writer.add_text(
+        if not args.resume or setup.restart:
+            setup.writer.add_text(
                 "hyperparameters",
                 "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
             )
-        run.writer.flush()  # a full disk shows here, while the start can still be undone
+        setup.writer.flush()  # a full disk shows here, while the start can still be undone
     except OSError as error:
-        fail(f"cannot write {error.filename or run_dir}: {error.strerror or error}")
-    if args.track and args.resume and not run.restart:
-        replay_to_wandb(run_dir, run.counters["global_step"])
+        refuse(f"cannot write {error.filename or run_dir}: {error.strerror or error}")
+    if args.track and args.resume and not setup.restart:
+        replay_to_wandb(run_dir, state.counters["global_step"])
     print(f"run folder: {run_dir}", flush=True)
     # --cuda (the default) takes a GPU where torch sees one: say which device it is, so a job never holds one unused.
-    name = f" ({torch.cuda.get_device_name(run.device)})" if run.device.type == "cuda" else ""
-    print(f"device: {run.device}{name}" + (" (--cuda: torch sees no CUDA device)" if args.cuda and not name else ""))
-    widest = max(len(p) for p in run.train_prompts)
-    sequences = args.generation_batch_size or args.forward_lag * run.local_sequences
-    print(memory_estimate(run.model, args, sequences, widest, run.use_bf16), flush=True)
+    name = f" ({torch.cuda.get_device_name(setup.device)})" if setup.device.type == "cuda" else ""
+    print(f"device: {setup.device}{name}" + (" (--cuda: torch sees no CUDA device)" if args.cuda and not name else ""))
+    widest = max(len(p) for p in setup.train_prompts)
+    sequences = args.generation_batch_size or args.forward_lag * setup.local_sequences
+    print(memory_estimate(state.model, args, sequences, widest, setup.use_bf16), flush=True)
 
 
-def start_wandb(run: Run):
+def start_wandb(setup: Setup, state: State):
     """--track: the wandb run (the same one on a resume). A missing login or network is one line and exit 2."""
     import wandb
 
-    args = run.args
+    args = setup.args
     try:
         wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
             config=vars(args),
-            name=run.run_name,
+            name=state.run_name,
             save_code=True,
             # Every start continues one wandb run, one killed before its first checkpoint included (a sweep's agent
             # sets its own id, WANDB_RUN_ID).
-            id=run.wandb_id or run.run_id,
+            id=state.wandb_id or state.run_id,
             resume="allow",
         )
     except Exception as error:  # wandb's UsageError, CommError, ...: the remedy is the same
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        fail(f"--track: wandb could not start ({reason}); run wandb login or set WANDB_MODE=offline")
-    run.wandb_id = wandb.run.id
+        refuse(f"--track: wandb could not start ({reason}); run wandb login or set WANDB_MODE=offline")
+    state.wandb_id = wandb.run.id
     wandb.define_metric("*", step_metric="global_step")
+
+
+def write_run_files(setup: Setup, state: State, claim: Claim):
+    """A fresh start's run.json (which makes the folder a run) and args.json; --overwrite first removes the old run's
+    entries (the lock stays: this process holds it)."""
+    args, run_dir = setup.args, setup.run_dir
+    if args.overwrite:  # the old run's entries: the files its run.json records, not others named like them
+        recorded = read_run_record(run_dir).get("files") if os.path.exists(os.path.join(run_dir, RUN_FILE)) else []
+        for name in os.listdir(run_dir):
+            if name != LOCK_FILE and written_by_a_run(run_dir, name, recorded):
+                remove_entry(os.path.join(run_dir, name))
+    claim.written |= {RUN_FILE, ARGS_FILE}
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    saved = {name: stored(name, v) for name, v in dataclasses.asdict(args).items()}
+    description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": state.run_id, "created": created, "files": []}
+    description["wandb_id"] = state.wandb_id
+    write_json(os.path.join(run_dir, RUN_FILE), {**description, "args_sha256": args_digests(saved)})
+    write_json(os.path.join(run_dir, ARGS_FILE), saved)
+
+
+def write_atomically(path: str, write, previous: Optional[str] = None):
+    """`write(handle)` into path + ".tmp", flushed and fsynced, then renamed over `path`: a reader, or a start after a
+    kill or a full disk, finds the old file or the new one, never a part of one. With `previous`, the file replaced
+    is kept under that name. On any failure the .tmp goes; an OSError names `path`."""
+    temporary = path + ".tmp"
+    try:
+        fd = open_own_file(temporary, os.O_WRONLY | os.O_CREAT)
+    except OSError as error:  # a link is left as it is
+        error.filename = path
+        raise
+    try:
+        with open(fd, "wb") as handle:
+            handle.truncate()  # what a killed write left
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if previous and os.path.exists(path):
+            os.replace(path, previous)
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, OSError):
+            error.filename = path
+        raise
+
+
+def write_json(path: str, value):
+    write_atomically(path, lambda handle: handle.write(json.dumps(value, indent=2).encode() + b"\n"))
+
+
+def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16: bool) -> str:
+    """A start-up line: what the weights, gradients and Adam's moments (of the trainable weights), a lagged generator,
+    the reference of --beta, the KV cache, the logits and the activations a training pass keeps for its backward need.
+    Activations: per token and layer of a micro-batch, 8 x hidden + 4 x intermediate + 4 x key-value width numbers
+    (within 3% of what autograd keeps for SmolLM2-135M and the tiny test model); with --gradient-checkpointing, each
+    layer's input and one layer's activations."""
+    gib = 2**-30
+    params = sum(p.numel() for p in model.parameters())
+    trainable = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    config = model.config
+    heads, layers, hidden = config.num_attention_heads, config.num_hidden_layers, config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    length = prompt_length + args.max_new_tokens
+    width = 2 if bf16 else 4
+    kv_cache = 2 * layers * kv_heads * head_dim * width * sequences * length
+    logits = 3 * 4 * args.micro_batch_size * (args.max_new_tokens + 1) * config.vocab_size  # logits, softmax, gradient
+    per_layer = 8 * hidden + 4 * getattr(config, "intermediate_size", 4 * hidden) + 4 * kv_heads * head_dim
+    kept = hidden * layers + per_layer if args.gradient_checkpointing else per_layer * layers
+    activations = width * args.micro_batch_size * length * kept
+    weights = 4 * params
+    copies = weights * (bool(args.lag) + bool(args.beta and not args.lora_r))  # lagged generator, reference
+    device = weights + 3 * trainable + copies + kv_cache + logits + activations
+    return (
+        f"memory estimate per process: device {device * gib:.1f} GiB = weights {weights * gib:.2f} + gradients "
+        f"{trainable * gib:.2f} + Adam {2 * trainable * gib:.2f} + lagged generator and reference {copies * gib:.2f} "
+        f"+ KV cache {kv_cache * gib:.2f} ({sequences} x {length} tokens) + logits {logits * gib:.2f} + activations "
+        f"{activations * gib:.2f} ({args.micro_batch_size} x {length} tokens); host "
+        f"{(args.lag + 1) * weights * gib * bool(args.lag):.2f} GiB of policy buffer"
+    )
+
+
+# ---------------------------------------------------------------- signals and checkpoints
+
+
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
+    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
+
+
+def save_checkpoint(setup: Setup, state: State, iteration: int):
+    """<run_dir>/checkpoint.pt after `iteration`: everything the rest of the run depends on, every rank's RNG states."""
+    begin = time.perf_counter()
+    rng_states = [None] * setup.world
+    if setup.distributed:
+        torch.distributed.all_gather_object(rng_states, rng_state())
+    else:
+        rng_states[0] = rng_state()
+    if not setup.main_process:
+        return
+    checkpoint = {
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "policy_buffer": list(state.policy_buffer) if setup.args.lag else None,
+        "data_rng": state.data_rng.bit_generator.state,
+        "order": list(state.order),
+        "rng": rng_states,
+        "history": state.history,
+        "counters": state.counters,
+        "iteration": iteration,
+        "world_size": setup.world,
+        "run_name": state.run_name,
+        "wandb_id": state.wandb_id,
+        "run_id": state.run_id,
+    }
+    write_checkpoint_file(os.path.join(setup.run_dir, CHECKPOINT), checkpoint)
+    setup.writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, state.counters["global_step"])
+
+
+def write_checkpoint_file(path: str, checkpoint: dict):
+    """Atomic (write_atomically), the checkpoint it replaces kept as checkpoint.prev.pt: at every moment one of
+    the two is whole. A header line names the script, the run (checkpoint["run_id"]) and the SHA-256 of the torch.save
+    payload after it, so that a resume refuses another run's checkpoint or a damaged one before it loads anything."""
+
+    def write(handle):
+        handle.write(b" " * (CHECKPOINT_HEADER_BYTES - 1) + b"\n")  # the header's place, filled once the digest is known
+        payload = HashingWriter(handle)
+        try:
+            torch.save(checkpoint, payload)
+        except Exception:
+            if payload.error:  # a full disk, not torch's "unexpected pos" that follows it
+                raise payload.error
+            raise
+        handle.seek(0)
+        handle.write(checkpoint_header(checkpoint["run_id"], payload.sha256.hexdigest()))
+
+    write_atomically(path, write, previous=os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT))
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- logging
+
+
+# TensorBoard tags of the per-step and per-iteration records, named as in the MuJoCo scripts where
+# the quantity is the same. The x-axis is the optimizer step.
+STEP_TAGS = {
+    "policy_loss": "losses/policy_loss",
+    "approx_kl": "losses/approx_kl",
+    "reference_kl": "losses/reference_kl",
+    "grad_norm": "losses/grad_norm",
+    "clip_fraction": "losses/clipfrac",
+    "clip_ratio_low": "losses/clip_ratio_low",
+    "clip_ratio_high": "losses/clip_ratio_high",
+    "entropy": "losses/entropy",
+    "learning_rate": "charts/learning_rate",
+    "tv": "vaco/tv",
+    "filter_fraction": "vaco/filter_frac",
+    "filter_completion_fraction": "vaco/filter_completion_frac",
+}
+
+
+ITERATION_TAGS = {
+    "reward": "charts/reward",
+    "reward_std": "charts/reward_std",
+    "reward_std_batch": "charts/reward_std_batch",
+    "accuracy": "charts/accuracy",
+    "format_rate": "charts/format_rate",
+    "response_length": "charts/response_length",
+    "response_length_min": "charts/response_length_min",
+    "response_length_max": "charts/response_length_max",
+    "truncated_fraction": "charts/truncated_fraction",
+    "tokens_seen": "charts/num_tokens",
+    "zero_std_fraction": "charts/zero_std_fraction",
+    "staleness": "lag/staleness_mean",
+    "tv_backward": "lag/backward_tv",
+    "tv_final": "lag/final_tv",
+    "over_budget_fraction": "vaco/over_budget_frac",
+    "generation_tokens_per_s": "perf/generation_tokens_per_s",
+    "training_tokens_per_s": "perf/training_tokens_per_s",
+}
+
+
+def log_step(setup: "Setup", state: "State", step: dict):
+    if setup.main_process:
+        for key, tag in STEP_TAGS.items():
+            if key in step:
+                setup.writer.add_scalar(tag, step[key], state.counters["global_step"])
+
+
+def log_iteration(
+    setup: "Setup", state: "State", iteration: int, rollout: dict, tokens: dict, steps: list[dict], staleness: int, final_tv
+):
+    """The iteration's record (its statistics, lag, divergence, throughput and phase times) into the history, to
+    TensorBoard and as one line on stdout. `tokens` holds `rewards_and_advantages`'s counts and `trained`, the tokens
+    of this rank's training passes."""
+    args, counters = setup.args, state.counters
+    counters["tokens_seen"] += int(tokens["sequences"])
+    wall = time.perf_counter() - setup.iteration_start
+    record = {
+        "step": counters["global_step"],
+        "iteration": iteration,
+        **rollout,
+        "tokens_seen": counters["tokens_seen"],
+        "staleness": staleness,
+        "tv_backward": steps[0]["tv"],
+        "tv_final": final_tv,
+        "generation_tokens_per_s": tokens["completions"] / setup.timers["generation"],
+        "training_tokens_per_s": setup.all_reduce([float(tokens["trained"])])[0] / setup.timers["training"],
+        "iteration_seconds": wall,
+        "other_seconds": wall - sum(setup.timers.values()),
+    }
+    record.update({f"{phase}_seconds": seconds for phase, seconds in setup.timers.items()})
+    if args.loss == "vaco":
+        record["over_budget_fraction"] = float(np.mean([s["over_budget"] for s in steps]))
+    state.history["steps"] += steps
+    state.history["iterations"].append(record)
+    if not setup.main_process:
+        return
+    for key, value in record.items():
+        tag = ITERATION_TAGS.get(key) or (f"perf/{key}" if key.endswith("_seconds") else None)
+        tag = tag or (key if key.startswith("rewards/") else None)  # each reward function's mean, TRL's name
+        if tag and value is not None:
+            setup.writer.add_scalar(tag, value, counters["global_step"])
+    dropped_key = "clip_fraction" if args.loss == "ppo-clip" else "filter_fraction"
+    # This process's time and, at its pace so far, the time left (the final evaluation not counted).
+    elapsed = time.time() - setup.start_time
+    left = elapsed / (iteration - state.first_iteration + 1) * (setup.num_iterations - iteration)
+    tv_text = f"{final_tv:.4f}" if final_tv is not None else "n/a"
+    print(
+        f"iter {iteration}/{setup.num_iterations} step {counters['global_step']} reward {record['reward']:.3f} "
+        f"acc {record['accuracy']:.3f} format {record['format_rate']:.3f} "
+        f"len {record['response_length']:.0f} truncated {record['truncated_fraction']:.2f} tv_final {tv_text} "
+        f"{dropped_key} {np.mean([s[dropped_key] for s in steps]):.4f} "
+        f"gen {record['generation_tokens_per_s']:.0f} tok/s train {record['training_tokens_per_s']:.0f} tok/s "
+        f"| elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}",
+        flush=True,
+    )
+
+
+def log_completions(setup: "Setup", state: "State", iteration: int, generated: dict):
+    """At the first iteration and every --log-completions-every, a sample of the generation batch, its first
+    --num-completions-to-log rows (whole groups), to TensorBoard as text and to wandb as a table (as TRL's
+    log_completions): what the model writes, and what the reward made of it."""
+    every, count = setup.args.log_completions_every, min(setup.args.num_completions_to_log, generated["input_ids"].shape[0])
+    if not setup.main_process or not count or not every or (iteration != 1 and iteration % every):
+        return
+    rows = take_rows(generated, slice(0, count))
+    width = rows["completion_mask"].shape[1]
+    prompts = [
+        setup.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        for ids, mask in zip(rows["input_ids"][:, :-width], rows["attention_mask"][:, :-width])
+    ]
+    completions = decode_completions(setup.tokenizer, rows)
+    table = [
+        [state.counters["global_step"], prompt, completion, float(reward), float(advantage)]
+        for prompt, completion, reward, advantage in zip(prompts, completions, rows["rewards"], rows["advantages"])
+    ]
+    text = "\n\n".join(
+        f"**{n + 1}. reward {reward:g}, advantage {advantage:+.3f}**\n\nprompt:\n\n    "
+        + prompt.replace("\n", "\n    ")
+        + "\n\ncompletion:\n\n    "
+        + completion.replace("\n", "\n    ")
+        for n, (_, prompt, completion, reward, advantage) in enumerate(table)
+    )
+    setup.writer.add_text("completions", text, state.counters["global_step"])
+    if setup.args.track:
+        import wandb
+
+        columns = ["step", "prompt", "completion", "reward", "advantage"]
+        log_to_wandb({"completions": wandb.Table(columns=columns, data=table)}, state.counters["global_step"])
+
+
+NO_SIGNAL_ITERATIONS = 3  # iterations in a row where every group's rewards are equal before the run says so
+
+
+def warn_if_no_signal(setup: "Setup", state: "State"):
+    """Says out loud when nothing is learned: every group of the last NO_SIGNAL_ITERATIONS iterations had equal rewards,
+    so every advantage is 0 and no gradient flows (GRPO learns only from a group whose completions differ)."""
+    streak = 0  # the last iterations in a row with no signal
+    for record in reversed(state.history["iterations"]):
+        if record["zero_std_fraction"] < 1:
+            break
+        streak += 1
+    if not setup.main_process or not streak or streak % NO_SIGNAL_ITERATIONS:  # said once per NO_SIGNAL_ITERATIONS
+        return
+    records = state.history["iterations"][-NO_SIGNAL_ITERATIONS:]
+    reward = np.mean([r["reward"] for r in records])
+    truncated = np.mean([r["truncated_fraction"] for r in records])
+    formatted = np.mean([r["format_rate"] for r in records])
+    print(
+        f"warning: no learning signal: in each of the last {NO_SIGNAL_ITERATIONS} iterations every prompt's "
+        f"{setup.args.num_generations} completions had the same reward (mean reward {reward:.3f}), so every advantage "
+        f"is 0 and no gradient flows. Try more completions per prompt (--num-generations), easier problems "
+        f"(--data-file), a longer completion limit (--max-new-tokens; {truncated:.0%} of completions were cut), or "
+        f"an instruction the model follows (--instruction, --system-prompt; {formatted:.0%} ended with a '####' line)",
+        flush=True,
+    )
+
+
+def hours_minutes_seconds(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
 class WandbWriter(SummaryWriter):
@@ -2405,218 +2790,48 @@ def replay_to_wandb(run_dir: str, up_to: int):
         log_to_wandb(rows[step], step)
 
 
-def write_run_files(run: Run, claim: Claim):
-    """A fresh start's run.json (which makes the folder a run) and args.json; --overwrite first removes the old run's
-    entries (the lock stays: this process holds it)."""
-    args, run_dir = run.args, run.run_dir
-    if args.overwrite:  # the old run's entries: the files its run.json records, not others named like them
-        recorded = read_run(run_dir).get("files") if os.path.exists(os.path.join(run_dir, RUN_FILE)) else []
-        for name in os.listdir(run_dir):
-            if name != LOCK_FILE and own_entry(run_dir, name, recorded):
-                remove_entry(os.path.join(run_dir, name))
-    claim.written |= {RUN_FILE, ARGS_FILE}
-    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    saved = {name: stored(name, v) for name, v in dataclasses.asdict(args).items()}
-    description = {"script": SCRIPT, "format": RUN_FORMAT, "run_id": run.run_id, "created": created, "files": []}
-    description["wandb_id"] = run.wandb_id
-    write_json(os.path.join(run_dir, RUN_FILE), {**description, "args_sha256": args_digests(saved)})
-    write_json(os.path.join(run_dir, ARGS_FILE), saved)
+# ---------------------------------------------------------------- evaluation, the saved model, the end of the run
 
 
-def write_file_atomically(path: str, write, previous: Optional[str] = None):
-    """`write(handle)` into path + ".tmp", flushed and fsynced, then renamed over `path`: a reader, or a start after a
-    kill or a full disk, finds the old file or the new one, never a part of one. With `previous`, the file replaced
-    is kept under that name. On any failure the .tmp goes; an OSError names `path`."""
-    temporary = path + ".tmp"
-    try:
-        fd = open_own_file(temporary, os.O_WRONLY | os.O_CREAT)
-    except OSError as error:  # a link is left as it is
-        error.filename = path
-        raise
-    try:
-        with open(fd, "wb") as handle:
-            handle.truncate()  # what a killed write left
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if previous and os.path.exists(path):
-            os.replace(path, previous)
-        os.replace(temporary, path)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        if isinstance(error, OSError):
-            error.filename = path
-        raise
-
-
-def write_json(path: str, value):
-    write_file_atomically(path, lambda handle: handle.write(json.dumps(value, indent=2).encode() + b"\n"))
-
-
-def memory_estimate(model, args: Args, sequences: int, prompt_length: int, bf16: bool) -> str:
-    """A start-up line: what the weights, gradients and Adam's moments (of the trainable weights), a lagged generator,
-    the reference of --beta, the KV cache, the logits and the activations a training pass keeps for its backward need.
-    Activations: per token and layer of a micro-batch, 8 x hidden + 4 x intermediate + 4 x key-value width numbers
-    (within 3% of what autograd keeps for SmolLM2-135M and the tiny test model); with --gradient-checkpointing, each
-    layer's input and one layer's activations."""
-    gib = 2**-30
-    params = sum(p.numel() for p in model.parameters())
-    trainable = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    config = model.config
-    heads, layers, hidden = config.num_attention_heads, config.num_hidden_layers, config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    length = prompt_length + args.max_new_tokens
-    width = 2 if bf16 else 4
-    kv_cache = 2 * layers * kv_heads * head_dim * width * sequences * length
-    logits = 3 * 4 * args.micro_batch_size * (args.max_new_tokens + 1) * config.vocab_size  # logits, softmax, gradient
-    per_layer = 8 * hidden + 4 * getattr(config, "intermediate_size", 4 * hidden) + 4 * kv_heads * head_dim
-    kept = hidden * layers + per_layer if args.gradient_checkpointing else per_layer * layers
-    activations = width * args.micro_batch_size * length * kept
-    weights = 4 * params
-    copies = weights * (bool(args.lag) + bool(args.beta and not args.lora_r))  # lagged generator, reference
-    device = weights + 3 * trainable + copies + kv_cache + logits + activations
-    return (
-        f"memory estimate per process: device {device * gib:.1f} GiB = weights {weights * gib:.2f} + gradients "
-        f"{trainable * gib:.2f} + Adam {2 * trainable * gib:.2f} + lagged generator and reference {copies * gib:.2f} "
-        f"+ KV cache {kv_cache * gib:.2f} ({sequences} x {length} tokens) + logits {logits * gib:.2f} + activations "
-        f"{activations * gib:.2f} ({args.micro_batch_size} x {length} tokens); host "
-        f"{(args.lag + 1) * weights * gib * bool(args.lag):.2f} GiB of policy buffer"
-    )
-
-
-def evaluate(run: Run) -> str:
+def evaluate(setup: Setup, state: State) -> str:
     """Greedy accuracy and format rate on the evaluation prompts (main process only); returns the line that says them."""
-    run.model.eval()
+    state.model.eval()
     correct, formatted = 0, 0
-    for start in range(0, len(run.eval_prompts), run.local_sequences):
-        with run.autocast():
-            prompts = run.eval_prompts[start : start + run.local_sequences]
-            batch = generate(run.model, prompts, run.greedy_config, run.stop_ids, run.pad_id, run.device)
-        texts = decode_completions(run.tokenizer, batch)
-        for text, (_, reference) in zip(texts, run.eval_rows[start : start + run.local_sequences]):
+    for start in range(0, len(setup.eval_prompts), setup.local_sequences):
+        with setup.autocast():
+            prompts = setup.eval_prompts[start : start + setup.local_sequences]
+            batch = generate(state.model, prompts, setup.greedy_config, setup.stop_ids, setup.pad_id, setup.device)
+        texts = decode_completions(setup.tokenizer, batch)
+        for text, (_, reference) in zip(texts, setup.eval_rows[start : start + setup.local_sequences]):
             correct += is_correct(text, reference)
             formatted += extract_answer(text) is not None
-    step = run.counters["global_step"]
-    record = {"step": step, "accuracy": correct / len(run.eval_rows), "format_rate": formatted / len(run.eval_rows)}
-    run.writer.add_scalar("eval/accuracy", record["accuracy"], step)
-    run.writer.add_scalar("eval/format_rate", record["format_rate"], step)
-    run.history["evals"].append(record)
+    step = state.counters["global_step"]
+    record = {"step": step, "accuracy": correct / len(setup.eval_rows), "format_rate": formatted / len(setup.eval_rows)}
+    setup.writer.add_scalar("eval/accuracy", record["accuracy"], step)
+    setup.writer.add_scalar("eval/format_rate", record["format_rate"], step)
+    state.history["evals"].append(record)
     return f"eval step {step}: accuracy {record['accuracy']:.3f} format {record['format_rate']:.3f}"
 
 
-def sum_gradients(run: Run):
-    """Under torchrun, the sum of the gradients over ranks: each rank's loss is already divided by the global count."""
-    if not run.distributed:
-        return
-    for parameter in run.model.parameters():
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    handles = [torch.distributed.all_reduce(p.grad, async_op=True) for p in run.model.parameters()]
-    for handle in handles:
-        handle.wait()
-
-
-def stop_on_signals():
-    """SIGINT (Ctrl-C) and SIGTERM (e.g. preemption) stop the run after the current iteration, which then saves what
-    it was asked to; the returned list receives the signal. A second signal stops the run at once, saving nothing."""
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-        name = signal.Signals(signum).name
-        print(f"\n{name}: stopping after this iteration (send it again to stop now)", flush=True)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return received
-
-
-def write_checkpoint(run: Run, iteration: int):
-    """<run_dir>/checkpoint.pt after `iteration`: everything the rest of the run depends on, every rank's RNG states."""
-    begin = time.perf_counter()
-    rng_states = [None] * run.world
-    if run.distributed:
-        torch.distributed.all_gather_object(rng_states, rng_state())
-    else:
-        rng_states[0] = rng_state()
-    if not run.main_process:
-        return
-    state = {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "policy_buffer": list(run.policy_buffer) if run.args.lag else None,
-        "data_rng": run.data_rng.bit_generator.state,
-        "order": list(run.order),
-        "rng": rng_states,
-        "history": run.history,
-        "counters": run.counters,
-        "iteration": iteration,
-        "world_size": run.world,
-        "run_name": run.run_name,
-        "wandb_id": run.wandb_id,
-        "run_id": run.run_id,
-    }
-    save_checkpoint(os.path.join(run.run_dir, CHECKPOINT), state)
-    run.writer.add_scalar("perf/checkpoint_seconds", time.perf_counter() - begin, run.counters["global_step"])
-
-
-def save_checkpoint(path: str, state: dict):
-    """Atomic (write_file_atomically), the checkpoint it replaces kept as checkpoint.prev.pt: at every moment one of
-    the two is whole. A header line names the script, the run (state["run_id"]) and the SHA-256 of the torch.save
-    payload after it, so that a resume refuses another run's checkpoint or a damaged one before it loads anything."""
-
-    def write(handle):
-        handle.write(b" " * (HEADER_SIZE - 1) + b"\n")  # the header's place, filled once the digest is known
-        payload = HashingWriter(handle)
-        try:
-            torch.save(state, payload)
-        except Exception:
-            if payload.error:  # a full disk, not torch's "unexpected pos" that follows it
-                raise payload.error
-            raise
-        handle.seek(0)
-        handle.write(checkpoint_header(state["run_id"], payload.sha256.hexdigest()))
-
-    write_file_atomically(path, write, previous=os.path.join(os.path.dirname(path), PREVIOUS_CHECKPOINT))
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_model(run: Run):
+def save_model(setup: Setup, state: State):
     """save_pretrained of the model (with its own generation defaults) and the tokenizer to <run_dir>/model, swapped in
     whole: written to model.tmp, then the old model/ moved to model.old and removed once model.tmp is model/. A failed
     write (a full disk) removes model.tmp and raises an OSError that names the folder."""
-    folder = os.path.join(run.run_dir, "model")
+    folder = os.path.join(setup.run_dir, "model")
     fresh, old = folder + ".tmp", folder + ".old"
     for path in (folder, fresh, old):  # save_pretrained would write through a link, rmtree not remove it
         if os.path.islink(path):
             raise OSError(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", folder)
-    run.model.generation_config = run.checkpoint_generation_config
+    state.model.generation_config = setup.checkpoint_generation_config
     try:
         shutil.rmtree(fresh, ignore_errors=True)
-        run.model.save_pretrained(fresh)
-        run.tokenizer.save_pretrained(fresh)
+        state.model.save_pretrained(fresh)
+        setup.tokenizer.save_pretrained(fresh)
     except Exception as error:  # safetensors reports a full disk as its own error type
         shutil.rmtree(fresh, ignore_errors=True)
         raise OSError(getattr(error, "errno", None), str(error).strip().splitlines()[0], folder) from error
     finally:
-        run.model.generation_config = GenerationConfig(eos_token_id=run.stop_ids, pad_token_id=run.pad_id)
+        state.model.generation_config = GenerationConfig(eos_token_id=setup.stop_ids, pad_token_id=setup.pad_id)
     shutil.rmtree(old, ignore_errors=True)
     if os.path.isdir(folder):
         os.rename(folder, old)
@@ -2625,26 +2840,26 @@ def save_model(run: Run):
     print(f"model saved to {folder}", flush=True)
 
 
-def finish(run: Run, interrupted: Optional[signal.Signals]):
+def finish(setup: Setup, state: State, interrupted: Optional[signal.Signals]):
     """The end of the run, finished or stopped by a signal: the model (--save-model), summary.json, the logs closed;
     a stopped run exits 128 + signal."""
-    args = run.args
-    if run.main_process:
+    args = setup.args
+    if setup.main_process:
         if args.save_model:
-            save_model(run)
-        last = run.history["iterations"][-1] if run.history["iterations"] else {}
+            save_model(setup, state)
+        last = state.history["iterations"][-1] if state.history["iterations"] else {}
         summary = {
             "interrupted": interrupted.name if interrupted else False,
-            "global_step": run.counters["global_step"],
-            "iterations": len(run.history["iterations"]),
-            "tokens_seen": run.counters["tokens_seen"],
+            "global_step": state.counters["global_step"],
+            "iterations": len(state.history["iterations"]),
+            "tokens_seen": state.counters["tokens_seen"],
             "reward": last.get("reward"),
             "tv_final": last.get("tv_final"),
-            "eval_accuracy": run.history["evals"][-1]["accuracy"] if run.history["evals"] else None,
-            "seconds": time.time() - run.start_time,
+            "eval_accuracy": state.history["evals"][-1]["accuracy"] if state.history["evals"] else None,
+            "seconds": time.time() - setup.start_time,
         }
-        write_json(os.path.join(run.run_dir, SUMMARY_FILE), summary)
-        run.writer.close()
+        write_json(os.path.join(setup.run_dir, SUMMARY_FILE), summary)
+        setup.writer.close()
         if args.track:
             import wandb
 
@@ -2659,42 +2874,16 @@ def finish(run: Run, interrupted: Optional[signal.Signals]):
                 wandb.teardown()
             if WANDB_LOST:
                 print(f"wandb's run ended with its process ({type(WANDB_LOST[0]).__name__}); a resume replays what it lacks")
-    if run.distributed and not interrupted:
+    if setup.distributed and not interrupted:
         torch.distributed.destroy_process_group()
     if interrupted:
         raise SystemExit(128 + interrupted)
 
 
 # ======================================================================================================================
-# The run: claim the folder, start, iterate, finish.
+# End of the run's plumbing.
 # ======================================================================================================================
 
 
-def train(args: Args) -> dict:
-    """Run the experiment; returns the per-step, per-iteration and evaluation histories."""
-    try:
-        check_args(args)
-    except ValueError as error:
-        fail(str(error))
-    run_name = f"gsm8k__{args.exp_name}__{args.loss}__{args.seed}__{int(time.time())}"
-    claim = claim_run_folder(args, run_name) if main_rank() else None
-    try:  # a start that fails (bad data, a model that does not load, no wandb login, a full disk) undoes its claim
-        run = start(args, claim, run_name)
-        restore(run)
-        if is_finished(run):
-            return run.history
-        open_run_folder(run, claim)
-    except BaseException:
-        if claim:
-            roll_back(claim)
-        raise
-    try:
-        finish(run, iterate(run))
-    except OSError as error:  # a full disk, a read-only or vanished folder: the last checkpoint stays whole
-        print(f"error: cannot write {error.filename or run.run_dir}: {error.strerror or error}", file=sys.stderr)
-        raise SystemExit(1)
-    return run.history
-
-
 if __name__ == "__main__":
-    train(parse_args())
+    main(parse_args())

@@ -57,7 +57,7 @@ def test_smollm2_gguf_one_iteration(tmp_path, capsys):
     threads = torch.get_num_threads()
     torch.set_num_threads(min(2, os.cpu_count()))
     try:
-        history = V.train(args)
+        history = V.main(args)
     finally:
         torch.set_num_threads(threads)  # the tests after this one keep theirs
     out = capsys.readouterr().out

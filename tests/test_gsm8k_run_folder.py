@@ -76,7 +76,7 @@ def run_id(folder) -> str:
 def finished(tiny, tmp_path_factory):
     """A finished run of 2 iterations with a checkpoint after each (checkpoint.pt and checkpoint.prev.pt)."""
     args = tiny_args(tiny, tmp_path_factory.mktemp("finished"), num_iterations=2, checkpoint_every=1)
-    V.train(args)
+    V.main(args)
     return args
 
 
@@ -110,12 +110,12 @@ def test_a_folder_of_the_users_files_is_never_used(tiny, tmp_path, capsys):
     (folder / "thesis.tex").write_text("the user's")
     (folder / "data.csv").write_text("the user's")
     for flags in ({}, {"overwrite": True}):
-        err = refused(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir=str(folder), **flags)))
+        err = refused(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir=str(folder), **flags)))
         assert (
             err
             == f"error: {folder} holds files that are not a run of vaco_gsm8k: data.csv, thesis.tex; choose another --run-dir"
         )
-    err = refused(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir=str(folder), resume=True)))
+    err = refused(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir=str(folder), resume=True)))
     assert err == f"error: --resume: {folder} holds no run"
     assert sorted(os.listdir(folder)) == ["data.csv", "thesis.tex"]
 
@@ -123,9 +123,9 @@ def test_a_folder_of_the_users_files_is_never_used(tiny, tmp_path, capsys):
 def test_overwrite_of_a_folder_of_runs_is_refused(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for seed in (1, 2):
-        V.train(tiny_args(tiny, tmp_path, run_dir=None, seed=seed))
+        V.main(tiny_args(tiny, tmp_path, run_dir=None, seed=seed))
     runs = sorted(os.listdir("runs"))
-    err = refused(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir="runs", overwrite=True)))
+    err = refused(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir="runs", overwrite=True)))
     assert err.startswith("error: runs holds files that are not a run of vaco_gsm8k: gsm8k__vaco_gsm8k__vaco__1__"), err
     assert sorted(os.listdir("runs")) == runs and all(Path("runs", run, V.SUMMARY_FILE).exists() for run in runs)
 
@@ -134,7 +134,7 @@ def test_runs_started_in_the_same_second_get_two_folders(tiny, tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(V.time, "time", lambda: 1_700_000_000.0)
     for _ in range(2):
-        V.train(tiny_args(tiny, tmp_path, run_dir=None))
+        V.main(tiny_args(tiny, tmp_path, run_dir=None))
     name = "gsm8k__vaco_gsm8k__vaco__1__1700000000"
     assert sorted(os.listdir("runs")) == [name, f"{name}-2"]
     described = [json.loads(Path("runs", folder, V.RUN_FILE).read_text()) for folder in (name, f"{name}-2")]
@@ -148,10 +148,10 @@ def test_another_scripts_run_is_never_used(tiny, tmp_path, capsys):
     (folder / V.RUN_FILE).write_text(json.dumps({"script": "ppo_mujoco", "format": 1, "run_id": "f" * 32}))
     (folder / V.ARGS_FILE).write_text(json.dumps({"env_id": "Hopper-v5"}))
     before = listing(folder)
-    err = refused(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir=str(folder), resume=True)))
+    err = refused(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir=str(folder), resume=True)))
     assert err == f"error: --resume: {folder} holds a run of ppo_mujoco, not of vaco_gsm8k"
     for flags in ({}, {"overwrite": True}):
-        err = refused(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir=str(folder), **flags)))
+        err = refused(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir=str(folder), **flags)))
         assert err == f"error: {folder} holds a run of ppo_mujoco, not of vaco_gsm8k; choose another --run-dir"
     assert listing(folder) == before
 
@@ -163,8 +163,8 @@ def test_leftovers_of_a_killed_start_count_as_empty(tiny, tmp_path, capsys):
     for name in (V.LOCK_FILE, "run.json.tmp", "args.json.tmp"):
         (folder / name).write_bytes(b"")
     args = tiny_args(tiny, tmp_path)
-    assert refused(capsys, lambda: V.train(dataclasses.replace(args, resume=True))).endswith("holds no run")
-    V.train(args)
+    assert refused(capsys, lambda: V.main(dataclasses.replace(args, resume=True))).endswith("holds no run")
+    V.main(args)
     assert sorted(p for p in os.listdir(folder) if not p.startswith(V.EVENTS_PREFIX)) == sorted(
         [V.LOCK_FILE, V.RUN_FILE, V.ARGS_FILE, V.CHECKPOINT, V.SUMMARY_FILE]
     )
@@ -195,7 +195,7 @@ def test_a_file_system_without_locks_warns_and_goes_on(tiny, tmp_path, capsys, m
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(V.fcntl, "lockf", no_locks)
-    V.train(tiny_args(tiny, tmp_path))
+    V.main(tiny_args(tiny, tmp_path))
     warning = f"warning: {tmp_path / 'run'} cannot be locked ({os.strerror(errno.ENOLCK)}): make sure no other process uses it"
     assert warning in capsys.readouterr().out.splitlines()
     assert Path(tmp_path, "run", V.SUMMARY_FILE).exists()
@@ -213,9 +213,9 @@ def test_nothing_is_written_through_a_link(tiny, finished, tmp_path, capsys):
             link(outside, Path(args.run_dir, name))
             expected = f"{args.run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another"
             for flags in ({}, {"resume": False}, {"resume": False, "overwrite": True}):
-                assert refused(capsys, lambda: V.train(dataclasses.replace(args, **flags))).startswith(f"error: {expected}")
+                assert refused(capsys, lambda: V.main(dataclasses.replace(args, **flags))).startswith(f"error: {expected}")
     with pytest.raises(OSError, match="run.lock is a symbolic link, which a run writes nothing through"):
-        V.lock_folder(str(tmp_path / "symlink-run.lock" / "run"))
+        V.lock_run_dir(str(tmp_path / "symlink-run.lock" / "run"))
     with pytest.raises(OSError, match=r"summary.json.tmp is a hard link \(\d+ names\), which a run writes nothing"):
         V.write_json(str(tmp_path / "link-summary.json.tmp" / "run" / V.SUMMARY_FILE), {})
     assert outside.read_text() == "the user's\n"
@@ -227,7 +227,7 @@ def test_overwrite_deletes_only_what_the_run_recorded_writing(finished, tmp_path
     assert recorded == [name for name in os.listdir(args.run_dir) if name.startswith(V.EVENTS_PREFIX)] and recorded
     Path(args.run_dir, V.EVENTS_PREFIX + "mycopy").write_text("the user's")
     before = listing(args.run_dir)
-    err = refused(capsys, lambda: V.train(dataclasses.replace(args, resume=False, overwrite=True)))
+    err = refused(capsys, lambda: V.main(dataclasses.replace(args, resume=False, overwrite=True)))
     assert (
         err
         == f"error: --overwrite: {args.run_dir} holds files that are not part of a run: {V.EVENTS_PREFIX}mycopy; move them away first"
@@ -243,7 +243,7 @@ def test_a_resume_refuses_arguments_changed_by_hand(finished, tmp_path, capsys, 
     path = Path(args.run_dir, V.ARGS_FILE)
     path.write_text(json.dumps(json.loads(path.read_text()) | {key: value}))
     before = listing(args.run_dir)
-    err = refused(capsys, lambda: V.train(dataclasses.replace(args, **{key: value})))
+    err = refused(capsys, lambda: V.main(dataclasses.replace(args, **{key: value})))
     assert err == (
         f"error: --resume: {path} has changed since the run started ({key}): put it back; a run's arguments change only "
         "on the command line, where --resume allows"
@@ -300,7 +300,7 @@ def test_resume_checks_args_json(finished, tmp_path, capsys, change, message):
         change(saved)
         path.write_text(json.dumps(saved))
     before = listing(args.run_dir)
-    err = refused(capsys, lambda: V.train(args))
+    err = refused(capsys, lambda: V.main(args))
     assert err.startswith(f"error: --resume: {path}") and message in err, err
     assert listing(args.run_dir) == before
 
@@ -308,9 +308,9 @@ def test_resume_checks_args_json(finished, tmp_path, capsys, change, message):
 def test_resume_refuses_another_runs_checkpoint(tiny, finished, tmp_path, capsys):
     args = copy_of(finished, tmp_path)
     other = tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "other"))  # the same flags, another run
-    V.train(other)
+    V.main(other)
     shutil.copyfile(Path(other.run_dir, V.CHECKPOINT), Path(args.run_dir, V.CHECKPOINT))
-    err = refused(capsys, lambda: V.train(args))
+    err = refused(capsys, lambda: V.main(args))
     assert f"{args.run_dir}/checkpoint.pt belongs to another run (its run_id is {run_id(other.run_dir)}" in err
     assert "the one before is whole: mv" in err  # this run's checkpoint.prev.pt
 
@@ -318,11 +318,11 @@ def test_resume_refuses_another_runs_checkpoint(tiny, finished, tmp_path, capsys
 def test_checkpoint_of_another_model_is_refused_before_anything_is_written(tiny, tmp_path, capsys):
     model = shutil.copytree(tiny["llama"], tmp_path / "model")
     args = tiny_args(tiny, tmp_path, model_id=str(model))
-    V.train(args)
+    V.main(args)
     shutil.rmtree(model)
     write_tiny_model(model, "llama", hidden_size=32, intermediate_size=64)  # the same folder, another model
     before = listing(args.run_dir)
-    err = refused(capsys, lambda: V.train(dataclasses.replace(args, resume=True, num_iterations=2)))
+    err = refused(capsys, lambda: V.main(dataclasses.replace(args, resume=True, num_iterations=2)))
     assert f"checkpoint.pt holds another model than --model-id {model} (" in err and "in the checkpoint" in err, err
     assert listing(args.run_dir) == before
 
@@ -337,7 +337,7 @@ def test_an_unreadable_checkpoint_is_not_called_damaged(finished, tmp_path, caps
         return open(name, *rest, **options)
 
     monkeypatch.setattr(V, "open", denied, raising=False)
-    assert refused(capsys, lambda: V.train(args)) == f"error: --resume: cannot read {path}: Permission denied"
+    assert refused(capsys, lambda: V.main(args)) == f"error: --resume: cannot read {path}: Permission denied"
 
 
 def test_missing_checkpoint_resumes_from_the_previous_one(finished, tmp_path, capsys):
@@ -345,7 +345,7 @@ def test_missing_checkpoint_resumes_from_the_previous_one(finished, tmp_path, ca
     args = copy_of(finished, tmp_path)
     os.replace(Path(args.run_dir, V.CHECKPOINT), Path(args.run_dir, V.PREVIOUS_CHECKPOINT))
     Path(args.run_dir, V.CHECKPOINT + ".tmp").write_bytes(b"cut short")
-    history = V.train(dataclasses.replace(args, num_iterations=3))
+    history = V.main(dataclasses.replace(args, num_iterations=3))
     assert f"continuing from {args.run_dir}/checkpoint.prev.pt" in capsys.readouterr().out
     assert [r["iteration"] for r in history["iterations"]] == [1, 2, 3]
     assert not Path(args.run_dir, V.CHECKPOINT + ".tmp").exists()  # the next checkpoint's write replaced it
@@ -354,8 +354,8 @@ def test_missing_checkpoint_resumes_from_the_previous_one(finished, tmp_path, ca
 def test_resume_of_a_finished_run_does_nothing(finished, tmp_path, capsys, monkeypatch):
     args = copy_of(finished, tmp_path)
     before = listing(args.run_dir)
-    monkeypatch.setattr(V, "evaluate", lambda run: pytest.fail("evaluated again"))
-    history = V.train(args)
+    monkeypatch.setattr(V, "evaluate", lambda *arguments: pytest.fail("evaluated again"))
+    history = V.main(args)
     assert f"the run in {args.run_dir} is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
     assert len(history["iterations"]) == 2 and listing(args.run_dir) == before
 
@@ -365,13 +365,13 @@ def test_resume_after_the_last_checkpoint_writes_only_the_end(finished, tmp_path
     nothing; then the run is finished."""
     args = copy_of(finished, tmp_path)
     os.remove(Path(args.run_dir, V.SUMMARY_FILE))
-    monkeypatch.setattr(V, "evaluate", lambda run: pytest.fail("evaluated again"))
+    monkeypatch.setattr(V, "evaluate", lambda *arguments: pytest.fail("evaluated again"))
     monkeypatch.setattr(V, "update", lambda *arguments: pytest.fail("trained again"))
-    V.train(args)
+    V.main(args)
     assert "all 2 iterations are done; writing the run's end" in capsys.readouterr().out
     summary = json.loads(Path(args.run_dir, V.SUMMARY_FILE).read_text())
     assert summary["interrupted"] is False and summary["iterations"] == 2
-    V.train(args)
+    V.main(args)
     assert "is finished (2 iterations done, 2 asked)" in capsys.readouterr().out
 
 
@@ -382,16 +382,140 @@ def test_relative_data_file_resumes_from_another_working_folder(tiny, tmp_path, 
     shutil.copy(tiny["data"], first / "train.jsonl")
     monkeypatch.chdir(first)
     args = tiny_args(tiny, tmp_path, data_file="train.jsonl", checkpoint_every=1)
-    V.train(args)
+    V.main(args)
     saved = Path(args.run_dir, V.ARGS_FILE).read_text()
     assert json.loads(saved)["data_file"] == str(first / "train.jsonl")
     monkeypatch.chdir(second)
     shutil.copy(tiny["data"], second / "train.jsonl")  # another file of the same name
-    err = refused(capsys, lambda: V.train(dataclasses.replace(args, resume=True)))
+    err = refused(capsys, lambda: V.main(dataclasses.replace(args, resume=True)))
     assert f"--data-file is {second / 'train.jsonl'} here but {first / 'train.jsonl'} in" in err
-    history = V.train(dataclasses.replace(args, data_file="../first/train.jsonl", resume=True, num_iterations=2))
+    history = V.main(dataclasses.replace(args, data_file="../first/train.jsonl", resume=True, num_iterations=2))
     assert len(history["iterations"]) == 2
     assert Path(args.run_dir, V.ARGS_FILE).read_text() == saved  # never rewritten by a resume
+
+
+# ---------------------------------------------------------------- --auto-resume: one command to start or resume
+
+
+def test_auto_resume_starts_then_continues_then_leaves_a_finished_run(tiny, finished, tmp_path, capsys):
+    """The one command of a requeued job: it starts the run in a new folder, continues it from its checkpoint
+    (bit-identical with the run that was not stopped) and, once it has finished, leaves it as it is."""
+    run = tmp_path / "run"
+    argv = command(tiny, run, "--num-iterations", 2, "--checkpoint-every", 1, "--auto-resume")[2:]
+    args = V.parse_args(argv)
+    assert args.auto_resume and not args.resume
+    V.main(args)
+    assert "iter 1/2" in capsys.readouterr().out
+    args = V.parse_args(argv)
+    assert args.resume
+    before = listing(run)
+    V.main(args)
+    assert f"the run in {run} is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
+    assert listing(run) == before
+    # Back to its first checkpoint, as if it had been killed in its second iteration.
+    shutil.copy(run / V.PREVIOUS_CHECKPOINT, run / V.CHECKPOINT)
+    os.remove(run / V.SUMMARY_FILE)
+    history = V.main(V.parse_args(argv))
+    out = capsys.readouterr().out
+    assert "iter 2/2" in out and "iter 1/2" not in out, out
+    assert [record["iteration"] for record in history["iterations"]] == [1, 2]
+    whole, parts = (V.load_checkpoint(os.path.join(folder, V.CHECKPOINT)) for folder in (finished.run_dir, run))
+    assert parts["iteration"] == 2 and whole["model"].keys() == parts["model"].keys()
+    for key, value in whole["model"].items():
+        assert torch.equal(value, parts["model"][key]), key
+
+
+def test_auto_resume_refuses_any_other_folder(tiny, finished, tmp_path, capsys):
+    """Another run (of this script or another), files of the user's, a command without a folder: one error line,
+    exit 2, nothing written. What a resume may change may change here too: the same run, resumed."""
+    run = copy_of(finished, tmp_path).run_dir
+    other = tmp_path / "ppo"
+    other.mkdir()
+    (other / V.RUN_FILE).write_text(json.dumps({"script": "ppo_mujoco", "format": 1, "run_id": "f" * 32}))
+    (other / V.ARGS_FILE).write_text(json.dumps({"env_id": "Hopper-v5"}))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    before = {folder: listing(folder) for folder in (run, other, mine)}
+    same = ["--num-iterations", 2, "--checkpoint-every", 1, "--auto-resume"]
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, *same, "--lag", 1, "--learning-rate", 0.01)[2:]))
+    assert (
+        err
+        == f"error: {run} holds another run (learning_rate 0.003 there, 0.01 here; lag 0 there, 1 here): choose another --run-dir"
+    )
+    err = refused(capsys, lambda: V.parse_args(command(tiny, other, *same)[2:]))
+    assert err == f"error: {other} holds a run of ppo_mujoco, not of vaco_gsm8k"
+    err = refused(capsys, lambda: V.parse_args(command(tiny, mine, *same)[2:]))
+    assert err == f"error: {mine} holds files that are not a run of vaco_gsm8k: notes.txt; choose another --run-dir"
+    err = refused(capsys, lambda: V.parse_args([*command(tiny, run, *same)[2:], "--overwrite"]))
+    assert err == "error: --auto-resume and --overwrite exclude each other"
+    err = refused(capsys, lambda: V.main(dataclasses.replace(finished, run_dir=None, auto_resume=True)))
+    assert err.startswith("error: --auto-resume needs --run-dir")
+    assert {folder: listing(folder) for folder in (run, other, mine)} == before
+    args = V.parse_args(command(tiny, run, *same, "--save-model", "--checkpoint-every", 3)[2:])
+    assert args.resume and args.save_model and args.checkpoint_every == 3
+
+
+def test_a_start_stopped_before_it_wrote_its_arguments(tiny, tmp_path, capsys):
+    """run.json without args.json (a start killed between the two): refused as a run to continue and by a plain
+    start, started again by --auto-resume (a requeued job's command), replaced by --overwrite. A folder where the run
+    wrote more (its TensorBoard events) has started: without args.json, --auto-resume refuses it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / V.LOCK_FILE).write_text("")
+    (run / "run.json.tmp").write_text("")
+    (run / V.RUN_FILE).write_text(json.dumps({"script": "vaco_gsm8k", "format": 1, "run_id": "x"}))
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run)[2:]))
+    assert err == f"error: {run} already holds a run: --resume continues it, --overwrite replaces it"
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, "--resume")[2:]))
+    expected = f"{run}/args.json is missing: the run never started; --auto-resume or --overwrite starts it afresh"
+    assert err == f"error: --resume: {expected}"
+    args = V.parse_args(command(tiny, run, "--auto-resume")[2:])
+    assert args.auto_resume and not args.resume
+    V.main(args)
+    assert json.loads((run / V.SUMMARY_FILE).read_text())["interrupted"] is False
+    assert run_id(run) != "x" and (run / V.ARGS_FILE).exists() and not list(run.glob("*.tmp"))
+    os.remove(run / V.ARGS_FILE)
+    err = refused(capsys, lambda: V.parse_args(command(tiny, run, "--auto-resume")[2:]))
+    assert err == f"error: {run}/args.json is missing: --overwrite starts it afresh"
+    V.main(V.parse_args(command(tiny, run, "--overwrite")[2:]))
+    assert (run / V.ARGS_FILE).exists()
+
+
+def test_a_sweep_agents_rerun_continues_the_run(tiny, tmp_path, capsys, monkeypatch):
+    """Under a wandb sweep's agent (WANDB_SWEEP_ID, WANDB_RUN_ID) without --run-dir, the run's folder is named by the
+    agent's run and --auto-resume is on: the agent's rerun of a preempted run continues it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw1")
+    monkeypatch.setenv("WANDB_RUN_ID", "r1")
+    argv = [flag for flag in command(tiny, "x", "--checkpoint-every", 1)[2:] if flag not in ("--run-dir", "x")]
+    args = V.parse_args(argv)
+    assert args.run_dir == "runs/sweep-sw1/r1" and args.auto_resume and not args.resume
+    V.main(args)
+    run = tmp_path / "runs" / "sweep-sw1" / "r1"
+    started = run_id(run)
+    os.remove(run / V.SUMMARY_FILE)  # as if preempted after its last checkpoint
+    args = V.parse_args(argv)
+    assert args.resume
+    V.main(args)
+    assert run_id(run) == started and (run / V.SUMMARY_FILE).exists() and os.listdir(run.parent) == ["r1"]
+    # With --run-dir, or without the agent's ids (or with ids that are no names), nothing changes.
+    assert V.parse_args([*argv, "--run-dir", str(tmp_path / "x")]).run_dir == str(tmp_path / "x")
+    monkeypatch.setenv("WANDB_RUN_ID", "../r2")
+    assert V.parse_args(argv).run_dir is None
+    monkeypatch.delenv("WANDB_SWEEP_ID")
+    assert V.parse_args(argv).run_dir is None
+
+
+def test_a_run_whose_args_json_predates_auto_resume_resumes(finished, tmp_path, capsys):
+    """An args.json written before --auto-resume existed lacks it: it means False, and the run resumes."""
+    args = copy_of(finished, tmp_path)
+    path = Path(args.run_dir, V.ARGS_FILE)
+    saved = json.loads(path.read_text())
+    del saved["auto_resume"]
+    path.write_text(json.dumps(saved))
+    V.main(args)
+    assert "is finished (2 iterations done, 2 asked): nothing to do" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- inputs
@@ -457,7 +581,7 @@ def test_a_full_disk_anywhere_in_a_checkpoint_is_one_oserror(tmp_path, monkeypat
     """torch.save raises its own RuntimeError ("unexpected pos") after a failed write: the write reports the OSError,
     removes its .tmp, and the checkpoint before it stays whole."""
     path = str(tmp_path / V.CHECKPOINT)
-    V.save_checkpoint(path, {"iteration": 1, "run_id": "r", "w": torch.zeros(250_000)})
+    V.write_checkpoint_file(path, {"iteration": 1, "run_id": "r", "w": torch.zeros(250_000)})
     real_open = open
 
     def small_disk(name, *rest):  # the checkpoint's .tmp (opened by its descriptor), where save_checkpoint writes
@@ -465,7 +589,7 @@ def test_a_full_disk_anywhere_in_a_checkpoint_is_one_oserror(tmp_path, monkeypat
 
     monkeypatch.setattr(V, "open", small_disk, raising=False)
     with pytest.raises(OSError) as failure:
-        V.save_checkpoint(path, {"iteration": 2, "run_id": "r", "w": torch.ones(250_000)})
+        V.write_checkpoint_file(path, {"iteration": 2, "run_id": "r", "w": torch.ones(250_000)})
     monkeypatch.undo()
     assert failure.value.errno == errno.ENOSPC and failure.value.filename == path
     assert os.listdir(tmp_path) == [V.CHECKPOINT] and V.checkpoint_problem(path, "r") is None
@@ -490,7 +614,7 @@ def test_track_without_a_wandb_login_leaves_the_folder_usable(tiny, tmp_path, ca
     assert len(err.splitlines()) == 1 and err.startswith("error: --track: wandb could not start (No API key"), err
     assert err.endswith("); run wandb login or set WANDB_MODE=offline")
     assert not run_dir.exists()  # this start made it: it is gone
-    V.train(tiny_args(tiny, tmp_path))  # and usable
+    V.main(tiny_args(tiny, tmp_path))  # and usable
     assert Path(run_dir, V.SUMMARY_FILE).exists()
 
 
@@ -512,7 +636,7 @@ def test_disk_full_mid_run_keeps_the_last_checkpoint(tiny, tmp_path):
     """Room for two checkpoints and a half: the third one fails while written, the run stops with one line and exit
     code 1, no .tmp is left, and checkpoint.pt is the second one, whole."""
     measure = tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "measure"), checkpoint_every=1)
-    V.train(measure)
+    V.main(measure)
     size = os.path.getsize(Path(measure.run_dir, V.CHECKPOINT))
     disk, copy = tmp_path / "disk", tmp_path / "copy"
     disk.mkdir()

@@ -222,7 +222,7 @@ def test_loss_types_agree_where_every_completion_is_as_long(tiny, tmp_path, toy_
     monkeypatch.setattr(V, "stop_token_ids", lambda model, tokenizer: [10**6])
     losses = {}
     for loss_type in ("minibatch", "grpo", "bnpo", "dr_grpo", "dapo"):
-        history = V.train(tiny_args(tiny, tmp_path, loss_type=loss_type, forward_lag=2, loss="ppo-clip"))
+        history = V.main(tiny_args(tiny, tmp_path, loss_type=loss_type, forward_lag=2, loss="ppo-clip"))
         losses[loss_type] = [s["policy_loss"] for s in history["steps"]]
     for loss_type, values in losses.items():
         assert values == pytest.approx(losses["minibatch"], rel=1e-5, abs=1e-6), loss_type  # step 1: 0 (r = 1) but rounding
@@ -232,7 +232,7 @@ def test_loss_types_agree_where_every_completion_is_as_long(tiny, tmp_path, toy_
 def test_loss_types_differ_on_ragged_completions(tiny, tmp_path, toy_reward):
     losses = {}
     for loss_type in ("minibatch", "grpo", "dr_grpo", "dapo"):
-        history = V.train(tiny_args(tiny, tmp_path, loss_type=loss_type, forward_lag=2, loss="ppo-clip"))
+        history = V.main(tiny_args(tiny, tmp_path, loss_type=loss_type, forward_lag=2, loss="ppo-clip"))
         assert history["iterations"][0]["response_length_min"] < history["iterations"][0]["response_length_max"]
         losses[loss_type] = history["steps"][1]["policy_loss"]
     assert len({round(v, 7) for v in losses.values()}) == 4, losses
@@ -247,7 +247,7 @@ def test_scale_rewards_runs_and_logs_trls_reward_std(tiny, tmp_path, monkeypatch
         return seen[-1]
 
     monkeypatch.setattr(V, "compute_reward", recording_reward)
-    history = V.train(tiny_args(tiny, tmp_path, scale_rewards=scale))
+    history = V.main(tiny_args(tiny, tmp_path, scale_rewards=scale))
     rewards = torch.tensor(seen)
     record = history["iterations"][0]
     assert record["reward_std_batch"] == pytest.approx(rewards.std().item(), rel=1e-5)
@@ -256,36 +256,36 @@ def test_scale_rewards_runs_and_logs_trls_reward_std(tiny, tmp_path, monkeypatch
 
 
 def test_beta_adds_the_kl_to_the_frozen_initial_model(tiny, tmp_path, toy_reward):
-    history = V.train(tiny_args(tiny, tmp_path, beta=0.5, forward_lag=2, num_iterations=2, lag=1, loss="vaco"))
+    history = V.main(tiny_args(tiny, tmp_path, beta=0.5, forward_lag=2, num_iterations=2, lag=1, loss="vaco"))
     kl = [s["reference_kl"] for s in history["steps"]]
     assert kl[0] == 0.0 and all(value > 0 for value in kl[1:]), kl  # the first step is the reference's own policy
-    assert "reference_kl" not in V.train(tiny_args(tiny, tmp_path))["steps"][0]
+    assert "reference_kl" not in V.main(tiny_args(tiny, tmp_path))["steps"][0]
     # the KL pulls towards the reference: a strong beta keeps the policy nearer to it than a negligible one
     kl = {}
     for beta in (1e-6, 5.0):
-        steps = V.train(tiny_args(tiny, tmp_path, forward_lag=2, num_iterations=3, learning_rate=1e-2, beta=beta))["steps"]
+        steps = V.main(tiny_args(tiny, tmp_path, forward_lag=2, num_iterations=3, learning_rate=1e-2, beta=beta))["steps"]
         kl[beta] = sum(s["reference_kl"] for s in steps[-2:])
     assert kl[5.0] < 0.5 * kl[1e-6], kl
 
 
 def test_num_epochs_passes_over_each_generation_batch(tiny, tmp_path, toy_reward):
-    history = V.train(tiny_args(tiny, tmp_path, num_epochs=3, forward_lag=2, num_iterations=2, loss="vaco"))
+    history = V.main(tiny_args(tiny, tmp_path, num_epochs=3, forward_lag=2, num_iterations=2, loss="vaco"))
     steps = history["steps"]
     assert [(s["iteration"], s["epoch"], s["position"]) for s in steps[:6]] == [(1, e, k) for e in (1, 2, 3) for k in (1, 2)]
     assert len(steps) == 12 and steps[0]["tv"] == 0.0 and steps[2]["tv"] > 0.0  # minibatch 1 again: 2 updates old
-    assert len(V.train(tiny_args(tiny, tmp_path, num_epochs=2, forward_lag=2, total_steps=8))["iterations"]) == 2
+    assert len(V.main(tiny_args(tiny, tmp_path, num_epochs=2, forward_lag=2, total_steps=8))["iterations"]) == 2
 
 
 def test_learning_rate_schedule_in_a_run(tiny, tmp_path, toy_reward):
     args = tiny_args(tiny, tmp_path, lr_scheduler_type="cosine", warmup_ratio=0.25, forward_lag=2, num_iterations=4)
-    steps = V.train(args)["steps"]
+    steps = V.main(args)["steps"]
     assert [s["learning_rate"] for s in steps] == [V.learning_rate_at(args, n, 8) for n in range(8)]
     assert steps[0]["learning_rate"] == 0.0 and steps[2]["learning_rate"] == 3e-3 > steps[-1]["learning_rate"] > 0
 
 
 def test_resume_keeps_a_schedules_length(tiny, tmp_path, toy_reward, capsys):
     args = tiny_args(tiny, tmp_path, lr_scheduler_type="linear", num_iterations=2)
-    V.train(args)
+    V.main(args)
     with pytest.raises(SystemExit):
         V.parse_args(
             [
@@ -305,7 +305,7 @@ def test_reward_functions_weighted(tiny, tmp_path, monkeypatch):
     module.write_text("def length(completions, **kwargs):\n    return [len(c) / 10 for c in completions]\n")
     monkeypatch.chdir(tmp_path)
     args = tiny_args(tiny, tmp_path, reward_funcs="correctness,format,my_rewards:length", reward_weights="1,0.5,2")
-    record = V.train(args)["iterations"][0]
+    record = V.main(args)["iterations"][0]
     means = [record[f"rewards/{name}/mean"] for name in ("correctness", "format", "my_rewards:length")]
     assert means[2] > 0 and record["reward"] == pytest.approx(means[0] + 0.5 * means[1] + 2 * means[2], rel=1e-6)
     assert V.format_reward(["so\n#### 12", "12"]) == [1.0, 0.0]
@@ -331,7 +331,7 @@ def test_lora_trains_adapters_only_saves_and_resumes_them(tiny, tmp_path, toy_re
 
     monkeypatch.setattr(V, "trainable_policy", recording)
     settings = dict(lora_r=4, learning_rate=3e-2, forward_lag=2, num_iterations=2, save_model=True, beta=0.1)
-    history = V.train(tiny_args(tiny, tmp_path, **settings))
+    history = V.main(tiny_args(tiny, tmp_path, **settings))
     model = made[-1][0]
     assert isinstance(model, peft.PeftModel) and made[-1][1] is None  # the reference: the adapters switched off
     assert history["steps"][0]["reference_kl"] == 0.0 < history["steps"][-1]["reference_kl"]
@@ -346,8 +346,8 @@ def test_lora_trains_adapters_only_saves_and_resumes_them(tiny, tmp_path, toy_re
     assert (tmp_path / "run" / "model" / "adapter_model.safetensors").exists()
     assert not (tmp_path / "run" / "model" / "model.safetensors").exists()
     # a resumed run continues the adapters: two iterations then one more equal three at once
-    V.train(tiny_args(tiny, tmp_path, **{**settings, "num_iterations": 1, "run_dir": str(tmp_path / "split")}))
-    V.train(
+    V.main(tiny_args(tiny, tmp_path, **{**settings, "num_iterations": 1, "run_dir": str(tmp_path / "split")}))
+    V.main(
         tiny_args(
             tiny,
             tmp_path,
@@ -400,7 +400,7 @@ def test_bad_new_flags_one_line_exit_2(tiny, tmp_path, capsys, argv, fragment):
 
 def test_lora_target_modules_that_are_not_there_one_line_and_nothing_left(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        V.train(tiny_args(tiny, tmp_path, lora_r=2, lora_target_modules="no_such_proj"))
+        V.main(tiny_args(tiny, tmp_path, lora_r=2, lora_target_modules="no_such_proj"))
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and err.startswith("error: --lora-target-modules no_such_proj:") and "\n" not in err, err
     assert not (tmp_path / "run").exists()

@@ -390,7 +390,7 @@ def test_completion_mask_stops_after_first_stop_token(tiny):
 def test_first_step_ratio_is_exactly_one_with_no_lag(tiny, tmp_path, toy_reward):
     # Qwen2, micro-batches (trimmed separately) and gradient checkpointing: still r = 1 exactly at the first step.
     args = tiny_args(tiny, tmp_path, model_id=tiny["qwen2"], micro_batch_size=8, gradient_checkpointing=True)
-    history = V.train(args)
+    history = V.main(args)
     step = history["steps"][0]
     assert step["tv"] == 0.0 and step["approx_kl"] == 0.0 and step["filter_fraction"] == 0.0
     assert history["iterations"][0]["tv_final"] > 0.0  # the update did move the policy
@@ -399,7 +399,7 @@ def test_first_step_ratio_is_exactly_one_with_no_lag(tiny, tmp_path, toy_reward)
 @pytest.mark.parametrize("loss", ["ppo-clip", "vaco"])
 def test_mean_reward_rises(tiny, tmp_path, toy_reward, loss):
     args = tiny_args(tiny, tmp_path, loss=loss, num_iterations=10, forward_lag=2, max_new_tokens=8, learning_rate=5e-3)
-    history = V.train(args)
+    history = V.main(args)
     rewards = [record["reward"] for record in history["iterations"]]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.15, rewards
     first_steps = [s for s in history["steps"] if s["position"] == 1]
@@ -417,7 +417,7 @@ def test_vaco_filter_with_gradient_accumulation_matches_one_pass(tiny, tmp_path,
     """Splitting a minibatch into micro-batches changes neither D nor the mask nor the update."""
     runs = []
     for micro in (32, 8):
-        runs.append(V.train(tiny_args(tiny, tmp_path, micro_batch_size=micro, forward_lag=2, learning_rate=1e-2)))
+        runs.append(V.main(tiny_args(tiny, tmp_path, micro_batch_size=micro, forward_lag=2, learning_rate=1e-2)))
     one, accumulated = (run["steps"] for run in runs)
     assert any(s["over_budget"] for s in one)
     for a, b in zip(one, accumulated):
@@ -428,7 +428,7 @@ def test_vaco_filter_with_gradient_accumulation_matches_one_pass(tiny, tmp_path,
 
 def test_backward_lag_uses_stale_policies(tiny, tmp_path, toy_reward):
     args = tiny_args(tiny, tmp_path, lag=2, lag_mode="fixed", num_iterations=4, learning_rate=1e-2, loss="ppo-clip")
-    history = V.train(args)
+    history = V.main(args)
     records = history["iterations"]
     assert [r["staleness"] for r in records] == [0, 1, 2, 2]
     assert records[0]["tv_backward"] == 0.0  # the buffer holds only the current policy
@@ -437,7 +437,7 @@ def test_backward_lag_uses_stale_policies(tiny, tmp_path, toy_reward):
 
 def test_same_seed_same_result(tiny, tmp_path, toy_reward):
     keys = ["reward", "tv_final", "response_length", "zero_std_fraction"]
-    runs = [V.train(tiny_args(tiny, tmp_path, num_iterations=2, lag=1)) for _ in range(2)]
+    runs = [V.main(tiny_args(tiny, tmp_path, num_iterations=2, lag=1)) for _ in range(2)]
     assert [[r[k] for k in keys] for r in runs[0]["iterations"]] == [[r[k] for k in keys] for r in runs[1]["iterations"]]
     assert runs[0]["steps"] == runs[1]["steps"]
 
@@ -445,7 +445,7 @@ def test_same_seed_same_result(tiny, tmp_path, toy_reward):
 def test_nan_loss_stops_with_a_message(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(V, "compute_reward", lambda completion, reference: float("nan"))
     with pytest.raises(SystemExit) as stop:
-        V.train(tiny_args(tiny, tmp_path))
+        V.main(tiny_args(tiny, tmp_path))
     assert "non-finite loss" in str(stop.value.code)
 
 
@@ -542,7 +542,7 @@ def test_bad_data_stops_before_the_model_loads(tmp_path, capsys, monkeypatch):
     bad.write_text("[1, 2]\n")
     monkeypatch.setattr(V, "load_model_and_tokenizer", lambda model_id: pytest.fail("model loaded"))
     args = V.Args(data_file=str(bad), run_dir=str(tmp_path / "run"), eval_every=0)
-    expect_usage_error(capsys, lambda: V.train(args), f"{bad}:1:")
+    expect_usage_error(capsys, lambda: V.main(args), f"{bad}:1:")
     assert not (tmp_path / "run").exists()
 
 
@@ -652,33 +652,33 @@ def test_bad_inputs_one_line_and_nothing_left_behind(tiny, tmp_path, capsys):
         expect_usage_error(capsys, lambda: V.parse_args(["--model-id", tiny["llama"], *argv]), fragment)
         assert sorted(os.listdir(tmp_path)) == before, argv
     # Where the permission bits say yes (as root) but the file system says no, the claim refuses it.
-    expect_usage_error(capsys, lambda: V.train(tiny_args(tiny, tmp_path, run_dir="/proc/x")), "/proc/x")
+    expect_usage_error(capsys, lambda: V.main(tiny_args(tiny, tmp_path, run_dir="/proc/x")), "/proc/x")
 
 
 def test_non_utf8_data_stops_before_the_run_folder(tiny, tmp_path, capsys):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(json.dumps({"question": "caf\u00e9", "answer": "#### 1"}, ensure_ascii=False).encode("latin-1") + b"\n")
     args = tiny_args(tiny, tmp_path, data_file=str(bad))
-    expect_usage_error(capsys, lambda: V.train(args), f"{bad}:1: not UTF-8 text")
+    expect_usage_error(capsys, lambda: V.main(args), f"{bad}:1: not UTF-8 text")
     assert not Path(args.run_dir).exists()
 
 
 def test_existing_run_is_refused_then_overwritten(tiny, tmp_path, capsys):
     """A run is refused without a flag; --overwrite replaces it, but never deletes a file the run did not write."""
     args = tiny_args(tiny, tmp_path, overwrite=False, checkpoint_every=0)
-    V.train(args)
+    V.main(args)
     run_id = json.loads(Path(args.run_dir, "run.json").read_text())["run_id"]
     notes = Path(args.run_dir, "notes.txt")
     notes.write_text("the user's")
-    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: --resume continues it")
+    expect_usage_error(capsys, lambda: V.main(args), "already holds a run: --resume continues it")
     overwrite = dataclasses.replace(args, overwrite=True)
-    expect_usage_error(capsys, lambda: V.train(overwrite), "--overwrite:", "not part of a run: notes.txt")
+    expect_usage_error(capsys, lambda: V.main(overwrite), "--overwrite:", "not part of a run: notes.txt")
     assert notes.read_text() == "the user's" and Path(args.run_dir, "summary.json").exists()
     notes.unlink()
-    V.train(overwrite)
+    V.main(overwrite)
     assert json.loads(Path(args.run_dir, "run.json").read_text())["run_id"] != run_id  # a new run
     changed = dataclasses.replace(args, resume=True, lag=1)
-    expect_usage_error(capsys, lambda: V.train(changed), "--resume: --lag is 1 here but 0 in")
+    expect_usage_error(capsys, lambda: V.main(changed), "--resume: --lag is 1 here but 0 in")
 
 
 def test_resume_whatever_the_folder_is_called(tiny, tmp_path, monkeypatch):
@@ -686,25 +686,25 @@ def test_resume_whatever_the_folder_is_called(tiny, tmp_path, monkeypatch):
     after the folder was copied elsewhere: the saved args.json does not pin --run-dir."""
     monkeypatch.chdir(tmp_path)
     first = tiny_args(tiny, tmp_path, run_dir=None, overwrite=False, checkpoint_every=1)
-    V.train(first)
+    V.main(first)
     (folder,) = Path("runs").iterdir()  # the default folder, runs/gsm8k__...
     assert json.loads((folder / "args.json").read_text())["run_dir"] is None
     resume = dict(resume=True, overwrite=False, checkpoint_every=1)
     for iterations, spelling in enumerate([str(folder), str(folder) + "/", str(tmp_path / folder)], start=2):
-        history = V.train(dataclasses.replace(first, run_dir=spelling, num_iterations=iterations, **resume))
+        history = V.main(dataclasses.replace(first, run_dir=spelling, num_iterations=iterations, **resume))
         assert len(history["iterations"]) == iterations, spelling
     shutil.copytree(folder, tmp_path / "moved")
-    history = V.train(dataclasses.replace(first, run_dir="moved", num_iterations=5, **resume))
+    history = V.main(dataclasses.replace(first, run_dir="moved", num_iterations=5, **resume))
     assert len(history["iterations"]) == 5
     assert V.load_checkpoint(str(tmp_path / "moved" / V.CHECKPOINT))["iteration"] == 5
 
 
 def test_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
     path = str(tmp_path / V.CHECKPOINT)
-    V.save_checkpoint(path, {"iteration": 1, "run_id": "r"})
+    V.write_checkpoint_file(path, {"iteration": 1, "run_id": "r"})
     assert not (tmp_path / V.PREVIOUS_CHECKPOINT).exists()
-    V.save_checkpoint(path, {"iteration": 2, "run_id": "r"})
-    V.save_checkpoint(path, {"iteration": 3, "run_id": "r"})
+    V.write_checkpoint_file(path, {"iteration": 2, "run_id": "r"})
+    V.write_checkpoint_file(path, {"iteration": 3, "run_id": "r"})
     assert V.checkpoint_problem(path, "r") is None and V.checkpoint_problem(path, "another") is not None
 
     def crash(state, target):  # dies half-way through writing the new checkpoint
@@ -713,7 +713,7 @@ def test_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
 
     monkeypatch.setattr(V.torch, "save", crash)
     with pytest.raises(KeyboardInterrupt):
-        V.save_checkpoint(path, {"iteration": 4, "run_id": "r"})
+        V.write_checkpoint_file(path, {"iteration": 4, "run_id": "r"})
     assert V.load_checkpoint(path) == {"iteration": 3, "run_id": "r"}
     assert V.load_checkpoint(str(tmp_path / V.PREVIOUS_CHECKPOINT)) == {"iteration": 2, "run_id": "r"}
     assert sorted(os.listdir(tmp_path)) == sorted([V.CHECKPOINT, V.PREVIOUS_CHECKPOINT])  # no .tmp left
@@ -728,7 +728,7 @@ def damage(path: Path, how: str):
     elif how == "garbage":
         path.write_bytes(bytes(range(256)) * 40)
     elif how == "flipped":  # one byte of the payload's middle changed: only the digest sees it
-        middle = V.HEADER_SIZE + (len(data) - V.HEADER_SIZE) // 2
+        middle = V.CHECKPOINT_HEADER_BYTES + (len(data) - V.CHECKPOINT_HEADER_BYTES) // 2
         path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :])
     else:  # a whole torch.save file of this run's state, without the header
         torch.save(V.load_checkpoint(str(path)), path)
@@ -737,7 +737,7 @@ def damage(path: Path, how: str):
 @pytest.mark.parametrize("how", ["empty", "truncated", "garbage", "flipped", "headerless"])
 def test_damaged_checkpoint_one_line_and_the_previous_one_named(tiny, tmp_path, capsys, how):
     args = tiny_args(tiny, tmp_path, num_iterations=2, checkpoint_every=1)
-    V.train(args)
+    V.main(args)
     run_dir = Path(args.run_dir)
     assert V.load_checkpoint(str(run_dir / V.PREVIOUS_CHECKPOINT))["iteration"] == 1
     damage(run_dir / V.CHECKPOINT, how)
@@ -749,21 +749,21 @@ def test_damaged_checkpoint_one_line_and_the_previous_one_named(tiny, tmp_path, 
     reason = "digest mismatch" if how in ("truncated", "flipped") else "no checkpoint header"  # a cut payload too
     remedy = f"the one before is whole: mv {run_dir / V.PREVIOUS_CHECKPOINT} {run_dir / V.CHECKPOINT}"
     expect_usage_error(capsys, lambda: V.parse_args(argv), f"checkpoint.pt is damaged ({reason})", remedy)
-    expect_usage_error(capsys, lambda: V.train(resume), f"checkpoint.pt is damaged ({reason})", remedy)
+    expect_usage_error(capsys, lambda: V.main(resume), f"checkpoint.pt is damaged ({reason})", remedy)
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
     shutil.copyfile(run_dir / V.PREVIOUS_CHECKPOINT, run_dir / V.CHECKPOINT)  # the remedy the message gives
-    assert len(V.train(resume)["iterations"]) == 3
+    assert len(V.main(resume)["iterations"]) == 3
 
 
 def test_run_without_checkpoint_restarts_with_resume(tiny, tmp_path, capsys, toy_reward):
     """A run that stopped before its first checkpoint (args.json, logs, no checkpoint.pt) starts again with
     --resume, as if new, without --overwrite."""
     args = tiny_args(tiny, tmp_path, overwrite=False, num_iterations=2)
-    fresh = V.train(dataclasses.replace(args, run_dir=str(tmp_path / "fresh")))
-    V.train(args)
+    fresh = V.main(dataclasses.replace(args, run_dir=str(tmp_path / "fresh")))
+    V.main(args)
     os.remove(Path(args.run_dir) / V.CHECKPOINT)
-    expect_usage_error(capsys, lambda: V.train(args), "already holds a run: --resume continues it")
-    restarted = V.train(dataclasses.replace(args, resume=True))
+    expect_usage_error(capsys, lambda: V.main(args), "already holds a run: --resume continues it")
+    restarted = V.main(dataclasses.replace(args, resume=True))
     out = capsys.readouterr().out
     assert "starting the run again from the beginning" in out
     clock = r"\d+:\d\d:\d\d"
@@ -782,10 +782,10 @@ def without_timings(history):
 
 def test_resumed_run_equals_uninterrupted(tiny, tmp_path, toy_reward):
     settings = dict(loss="vaco", lag=1, forward_lag=2, micro_batch_size=8, learning_rate=1e-2, checkpoint_every=1)
-    whole = V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "whole"), num_iterations=3, **settings))
-    V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=2, **settings))
+    whole = V.main(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "whole"), num_iterations=3, **settings))
+    V.main(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=2, **settings))
     part = tiny_args(tiny, tmp_path, run_dir=str(tmp_path / "part"), num_iterations=3, overwrite=False, resume=True)
-    resumed = V.train(dataclasses.replace(part, **settings))
+    resumed = V.main(dataclasses.replace(part, **settings))
     assert without_timings(resumed) == without_timings(whole)
     assert any(s["over_budget"] for s in whole["steps"])  # the filter acted: a real test of the mask state
     saved = [V.load_checkpoint(str(tmp_path / name / V.CHECKPOINT)) for name in ("whole", "part")]
@@ -845,7 +845,7 @@ def test_metrics_against_the_rewards_they_summarise(tiny, tmp_path, monkeypatch)
         return seen[-1]
 
     monkeypatch.setattr(V, "compute_reward", recording_reward)
-    history = V.train(tiny_args(tiny, tmp_path, loss="ppo-clip", forward_lag=2, learning_rate=3e-2))
+    history = V.main(tiny_args(tiny, tmp_path, loss="ppo-clip", forward_lag=2, learning_rate=3e-2))
     record = history["iterations"][0]
     rewards = torch.tensor(seen).view(-1, 8)
     assert record["reward"] == pytest.approx(rewards.mean().item())
@@ -860,7 +860,7 @@ def test_metrics_against_the_rewards_they_summarise(tiny, tmp_path, monkeypatch)
 
 def test_total_steps_fixes_optimizer_steps_across_forward_lags(tiny, tmp_path, toy_reward):
     for k in (1, 2, 4):
-        history = V.train(tiny_args(tiny, tmp_path, forward_lag=k, total_steps=4, num_iterations=99, max_new_tokens=4))
+        history = V.main(tiny_args(tiny, tmp_path, forward_lag=k, total_steps=4, num_iterations=99, max_new_tokens=4))
         assert len(history["steps"]) == 4 and len(history["iterations"]) == 4 // k
 
 
@@ -882,7 +882,7 @@ def test_masked_completions_against_a_loop():
 
 def test_filter_completion_fraction_is_logged_and_zero_when_nothing_is_masked(tiny, tmp_path, toy_reward):
     settings = dict(loss="vaco", forward_lag=2, learning_rate=5e-2, tv_threshold=1e-4, num_iterations=2)
-    steps = V.train(tiny_args(tiny, tmp_path, **settings))["steps"]
+    steps = V.main(tiny_args(tiny, tmp_path, **settings))["steps"]
     for step in steps:
         assert (step["filter_completion_fraction"] > 0) == (step["filter_fraction"] > 0)
         assert step["filter_fraction"] <= step["filter_completion_fraction"] <= 1
@@ -893,7 +893,7 @@ def test_at_k1_ppo_clip_and_vaco_are_the_same_run(tiny, tmp_path, toy_reward):
     """r = 1 exactly at K = 1 (no lag): nothing is clipped or filtered and the updates coincide, which is why
     tools/studies/gsm8k_forward_lag.py makes that run once for both losses."""
     runs = {
-        loss: V.train(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / loss), loss=loss, num_iterations=3))
+        loss: V.main(tiny_args(tiny, tmp_path, run_dir=str(tmp_path / loss), loss=loss, num_iterations=3))
         for loss in ("ppo-clip", "vaco")
     }
     shared = ["reward", "accuracy", "tv_final", "response_length"]
@@ -906,7 +906,7 @@ def test_at_k1_ppo_clip_and_vaco_are_the_same_run(tiny, tmp_path, toy_reward):
 
 def test_masked_truncated_completions_carry_no_gradient(tiny, tmp_path, toy_reward, monkeypatch):
     monkeypatch.setattr(V, "stop_token_ids", lambda model, tokenizer: [10**6])  # no stop token: all truncated
-    runs = {m: V.train(tiny_args(tiny, tmp_path, max_new_tokens=3, mask_truncated_completions=m)) for m in (False, True)}
+    runs = {m: V.main(tiny_args(tiny, tmp_path, max_new_tokens=3, mask_truncated_completions=m)) for m in (False, True)}
     assert runs[True]["iterations"][0]["truncated_fraction"] == 1.0
     assert runs[True]["steps"][0]["grad_norm"] == 0.0 and runs[True]["steps"][0]["policy_loss"] == 0.0
     assert runs[False]["steps"][0]["grad_norm"] > 0.0
@@ -914,7 +914,7 @@ def test_masked_truncated_completions_carry_no_gradient(tiny, tmp_path, toy_rewa
 
 def test_phase_timers_add_up_to_wall_time(tiny, tmp_path, toy_reward):
     start = time.perf_counter()
-    history = V.train(tiny_args(tiny, tmp_path, num_iterations=2, forward_lag=2, lag=1, micro_batch_size=8))
+    history = V.main(tiny_args(tiny, tmp_path, num_iterations=2, forward_lag=2, lag=1, micro_batch_size=8))
     wall = time.perf_counter() - start
     for record in history["iterations"]:
         phases = sum(
@@ -969,7 +969,7 @@ def distributed_worker(rank, world, port, settings):
     os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
     V.generate, V.compute_reward = seeded_generate, digit_fraction
-    history = V.train(V.Args(**settings))
+    history = V.main(V.Args(**settings))
     if rank == 0:
         Path(settings["run_dir"], "history.json").write_text(json.dumps(history))
 
@@ -1005,7 +1005,7 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
     monkeypatch.setattr(V, "generate", seeded_generate)
     monkeypatch.setattr(V, "compute_reward", digit_fraction)
     one = dict(settings, run_dir=str(tmp_path / "one"))
-    single = V.train(V.Args(**one))
+    single = V.main(V.Args(**one))
     double = json.loads(Path(two["run_dir"], "history.json").read_text())
     for a, b in zip(single["steps"], double["steps"]):
         for key, value in a.items():
@@ -1027,6 +1027,45 @@ def test_two_processes_equal_one(tiny, tmp_path, monkeypatch, loss, micro, lag):
         moved = (value - start[key]).abs().max().item()
         assert moved > 0 or "rotary" in key or "norm" in key, key  # the update moved it
         assert torch.allclose(value, models[1].state_dict()[key], rtol=0, atol=1e-3 * moved), key
+
+
+def auto_resume_worker(rank, world, port, settings):
+    """A process of a 2-process --auto-resume start that notes whether it continued from the checkpoint."""
+    restore_checkpoint = V.restore_checkpoint
+
+    def noted(setup, state, path):
+        Path(settings["run_dir"], f"restored-by-{rank}").write_text(path)
+        restore_checkpoint(setup, state, path)
+
+    V.restore_checkpoint = noted
+    distributed_worker(rank, world, port, settings)
+
+
+def test_two_processes_auto_resume_as_the_main_one_decides(tiny, tmp_path):
+    """Under torchrun only the main process reads the run folder: with --auto-resume every process continues the run
+    when it does (else they would run different iterations, and their collectives would never meet)."""
+    import socket as socket_module
+
+    import torch.multiprocessing as mp
+
+    settings = dataclasses.asdict(
+        tiny_args(tiny, tmp_path, auto_resume=True, overwrite=False, checkpoint_every=1, micro_batch_size=16)
+    )
+    for iterations in (1, 2):
+        with socket_module.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        started = mp.spawn(auto_resume_worker, args=(2, port, dict(settings, num_iterations=iterations)), nprocs=2, join=False)
+        for _ in range(60):  # a hang (the processes in different iterations) fails here, not the whole suite
+            if started.join(timeout=5):
+                break
+        else:
+            for process in started.processes:
+                process.kill()
+            pytest.fail("the two processes did not finish: they ran different iterations")
+    history = json.loads(Path(settings["run_dir"], "history.json").read_text())
+    assert [record["iteration"] for record in history["iterations"]] == [1, 2]
+    assert sorted(path.name for path in Path(settings["run_dir"]).glob("restored-by-*")) == ["restored-by-0", "restored-by-1"]
 
 
 # ---------------------------------------------------------------- the synthetic arithmetic task
@@ -1119,7 +1158,7 @@ def test_completions_logged_and_no_signal_said(tiny, tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = tiny_args(tiny, tmp_path, num_iterations=4, log_completions_every=2, num_completions_to_log=3)
-    history = V.train(args)
+    history = V.main(args)
     out = capsys.readouterr().out
     assert all(r["zero_std_fraction"] == 1.0 for r in history["iterations"])
     warnings = [line for line in out.splitlines() if line.startswith("warning: no learning signal")]
@@ -1144,9 +1183,7 @@ def test_completions_table_in_wandb_matches_tensorboard(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    program = (
-        "import sys, vaco_gsm8k as V, tools.tiny_gsm8k as T; V.compute_reward = T.digit_fraction; V.train(V.parse_args())"
-    )
+    program = "import sys, vaco_gsm8k as V, tools.tiny_gsm8k as T; V.compute_reward = T.digit_fraction; V.main(V.parse_args())"
     command = [sys.executable, "-c", program, "--model-id", tiny["llama"], "--data-file", tiny["data"], "--eval-every=0"]
     command += ["--run-dir", str(tmp_path / "run"), "--num-iterations=3", "--prompts-per-step=2", "--num-generations=4"]
     command += ["--micro-batch-size=8", "--max-new-tokens=8", "--torch-threads=1", "--track=True"]
@@ -1199,7 +1236,7 @@ def test_prompt_and_data_fields_from_flags(tiny, tmp_path):
     assert default == f"<bos>[user] q\n{V.INSTRUCTION}\n[assistant] "
     args = V.parse_args(["--model-id", tiny["llama"], "--question-field", "problem", "--answer-field", "solution"])
     assert (args.question_field, args.answer_field) == ("problem", "solution")
-    history = V.train(tiny_args(tiny, tmp_path, data_file=str(data), question_field="problem", answer_field="solution"))
+    history = V.main(tiny_args(tiny, tmp_path, data_file=str(data), question_field="problem", answer_field="solution"))
     assert len(history["iterations"]) == 1
 
 

@@ -4,7 +4,7 @@ and a one-process torchrun on NCCL.
 A Qwen2-architecture model of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings) is built from a `Qwen2Config` with random weights and saved to a temporary
 folder with the character-level tokenizer of tools/tiny_gsm8k.py; nothing is downloaded.
-vaco_gsm8k.py's own `train()` then runs on it in this process, with bf16 autocast on CUDA, at the paper's
+vaco_gsm8k.py's own `main()` then runs on it in this process, with bf16 autocast on CUDA, at the paper's
 minibatch (32 prompts x 8 completions, micro-batches of 16) and 400 new tokens, for each forward lag K: one
 generation batch of K x 32 prompts and K optimizer steps per iteration. A random model almost never emits its
 stop token, so every completion is 400 tokens long: the numbers are for full-length completions. The reward is
@@ -103,12 +103,12 @@ def benchmark_patches():
 
     from tools.tiny_gsm8k import digit_fraction
 
-    saved = V.compute_reward, V.save_checkpoint
-    V.compute_reward, V.save_checkpoint = digit_fraction, lambda path, state: None
+    saved = V.compute_reward, V.write_checkpoint_file
+    V.compute_reward, V.write_checkpoint_file = digit_fraction, lambda path, state: None
     try:
         yield V
     finally:
-        V.compute_reward, V.save_checkpoint = saved
+        V.compute_reward, V.write_checkpoint_file = saved
 
 
 def release_cuda_memory():
@@ -135,7 +135,7 @@ def measure(options, model_dir: str, data_file: str, work: str) -> list[dict]:
             log = io.StringIO()
             begin = time.perf_counter()
             with contextlib.redirect_stdout(log):
-                history = V.train(args)
+                history = V.main(args)
             seconds = time.perf_counter() - begin
             counted = history["iterations"][iterations - options.iterations :]
 
@@ -198,7 +198,7 @@ def worker(settings: dict):
     with benchmark_patches() as V:
         args = train_args(options, settings["model_dir"], settings["data_file"], os.path.join(options.work, "torchrun"), 1, 1)
         with contextlib.redirect_stdout(io.StringIO()):
-            history = V.train(args)
+            history = V.main(args)
     report["iterations_trained"] = len(history["iterations"])
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

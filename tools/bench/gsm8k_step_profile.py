@@ -61,7 +61,7 @@ def main():
             argv += options.last_flags if index == len(modules) - 1 else []
             args = module.parse_args(argv + [f"--num-iterations={options.iterations}"])
             start, cpu_start = time.perf_counter(), time.process_time()
-            history = module.train(args)
+            history = (module.main if hasattr(module, "main") else module.train)(args)  # train in older revisions
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
             sequences = args.forward_lag * args.prompts_per_step * args.num_generations
             tokens = sum(r["response_length"] * sequences for r in history["iterations"])

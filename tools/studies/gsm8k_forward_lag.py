@@ -92,7 +92,7 @@ def run_spec(spec: dict, paths: tuple, work: str) -> dict:
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     begin = time.time()
     with open(os.path.join(work, "logs", name + ".log"), "w") as log, contextlib.redirect_stdout(log):
-        history = V.train(args)
+        history = V.main(args)
     steps = history["steps"]
     dropped = "clip_fraction" if spec["loss"] == "ppo-clip" else "filter_fraction"
     record = {

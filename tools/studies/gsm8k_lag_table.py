@@ -51,7 +51,7 @@ def main():
                         prompts_per_step=4, num_generations=8, micro_batch_size=32, max_new_tokens=16,
                         learning_rate=options.learning_rate, eval_every=0, torch_threads=1,
                     )  # fmt: skip
-                    history = V.train(args)
+                    history = V.main(args)
                     steps += history["steps"]
                     iterations += history["iterations"]
                     quarter = max(1, len(history["iterations"]) // 4)

@@ -121,7 +121,7 @@ def run_one(spec: dict) -> dict:
     )  # fmt: skip
     os.makedirs(os.path.dirname(spec["log"]), exist_ok=True)
     with open(spec["log"], "w") as log, contextlib.redirect_stdout(log):
-        history = V.train(args)
+        history = V.main(args)
     key = "clip_fraction" if loss == "ppo-clip" else "filter_fraction"
     steps = history["steps"]
     over = [s["over_budget"] for s in steps] if loss == "vaco" else []
