@@ -27,6 +27,7 @@ from tools.grid.measures import (
     order_labels,
     score_matrix,
 )
+from tools.stats import standard_error
 
 COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
     "ppo": "#1f77b4",
@@ -329,7 +330,7 @@ def plot_task_curves(path, title, final, runs, labels, lags, colors, max_points,
             steps = curve_steps(group, max_points) if group else []
             if len(steps):
                 y = np.stack([g.set_index("step")["episodic_return"].reindex(steps).to_numpy(float) for g in group])
-                m, se = y.mean(0), (y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros(len(steps)))
+                m, se = y.mean(0), standard_error(y)
                 runs_per_cell = "–".join(map(str, sorted({n[label].min(), n[label].max()})))
                 ax.plot(steps, m, "-", color=colors[label], label=f"{display_name(label)}, {runs_per_cell} runs", lw=1.4)
                 ax.fill_between(steps, m - se, m + se, color=colors[label], alpha=0.15, lw=0)
