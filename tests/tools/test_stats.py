@@ -1,15 +1,11 @@
-"""The aggregation's Welch t interval against scipy's, and the per-decile measures against the final ones: decile
-10 is the final-score window, so D per decile at decile 10 is the verdict's D, bootstrap interval included."""
-
-from pathlib import Path
+"""tools/stats.py: the Student-t interval against tabled quantiles, the Welch interval of a contrast against scipy's,
+the standard error, and the runs a contrast needs."""
 
 import numpy as np
-import pandas as pd
+import pytest
 from scipy import stats
 
-from tools.stats import welch_contrast_interval
-
-ROOT = Path(__file__).resolve().parents[1]
+from tools.stats import runs_per_cell, standard_error, t_interval, welch_contrast_interval
 
 
 def test_welch_interval_matches_scipy_per_task_and_pooled():
@@ -29,12 +25,24 @@ def test_welch_interval_matches_scipy_per_task_and_pooled():
     assert np.allclose([lo[2], hi[2]], [est - half, est + half])
 
 
-def test_decile_10_is_the_final_window():
-    folder = ROOT / "results" / "evidence_grid_500k"
-    by_decile = pd.read_csv(folder / "deciles_d.csv", comment="#")
-    final = pd.read_csv(folder / "degradation.csv", comment="#")
-    final = final[(final.measure == "degradation_difference") & (final.algo == "vaco")].set_index("task")
-    last = by_decile[by_decile.decile == 10].set_index("task")
-    assert len(last) == 3
-    for column in ("estimate", "ci_low", "ci_high", "t_low", "t_high"):
-        assert np.allclose(last[column], final.loc[last.index, column], rtol=0, atol=1e-9), column
+def test_t_interval():
+    # Student-t half-widths: t(0.975, 2) = 4.3027, t(0.975, 9) = 2.2622 (tables), not 1.96
+    v = np.array([1.0, 2.0, 6.0])
+    m, h, n = t_interval(v)
+    assert (m, n) == (3.0, 3) and h == pytest.approx(4.302653 * np.std(v, ddof=1) / np.sqrt(3), rel=1e-6)
+    w = np.arange(10.0)
+    assert t_interval(w)[1] == pytest.approx(2.262157 * np.std(w, ddof=1) / np.sqrt(10), rel=1e-6)
+    assert np.isnan(t_interval([5.0])[1]) and t_interval([np.nan, 2.0])[2] == 1
+
+
+def test_standard_error():
+    y = np.array([[1.0, 2.0], [3.0, 2.0], [8.0, 2.0]])
+    assert standard_error(y) == pytest.approx([np.std([1, 3, 8], ddof=1) / np.sqrt(3), 0.0])
+    assert standard_error(y[:1]).tolist() == [0.0, 0.0]  # one run: no spread to show
+
+
+def test_runs_per_cell():
+    # D over four cells, sd 0.2: var(D) = 4 * 0.04 / n; a 95% half-width of 0.1 needs 1.96 * 0.4 / sqrt(n) <= 0.1
+    n_interval, n_power = runs_per_cell(0.2, 4, 0.1, 0.1)
+    assert n_interval == 62 and 1.96 * 0.4 / np.sqrt(n_interval) <= 0.1 < 1.96 * 0.4 / np.sqrt(n_interval - 1)
+    assert n_power == 126 and 125 < 4 * 0.04 * (1.96 + 0.8416) ** 2 / 0.1**2 < 126

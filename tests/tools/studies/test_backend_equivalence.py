@@ -8,13 +8,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
 pytest.importorskip("envpool")
 torch.set_num_threads(1)
 
