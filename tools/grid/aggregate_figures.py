@@ -11,8 +11,10 @@ below the panels, never over the points."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from rliable import library as rly
 
 from tools.grid.measures import (
@@ -96,7 +98,7 @@ def colors_for(labels) -> dict[str, str]:
     return out
 
 
-_FIGURE_LABEL = {"text": ""}  # set by make_figures(label, ...): prefixed to every figure title
+_FIGURE_LABEL = {"text": ""}  # set by make_figures from its Aggregation's label: prefixed to every figure title
 
 
 def _figure(nrows, ncols, row_height, **kw):
@@ -422,19 +424,44 @@ def plot_deciles(path, title, dec, colors, delta, algo="vaco"):
     save(fig, path, title)
 
 
-def make_figures(
-    label, out, final, runs, ref, norm, boot, per_task, agg, deg, abl, dec, curves, poi, marked, curve_reps, curve_points, seed,
-    final_common=None, tasks_note="",
-):  # fmt: skip
-    """Every figure of the aggregation into `out` (PNG and SVG); `label` heads every title. The aggregates over
-    tasks (`agg`, `deg`, `abl`, `curves`, `poi`, `final_common`) hold only the tasks every algorithm ran, so that
-    like is compared with like (`tasks_note` names them when a task is left out); the per-task figures (`final`,
-    `runs`, `per_task`, `dec`) every task. Returns the file names written."""
+@dataclass(frozen=True)
+class Aggregation:
+    """What the aggregation (tools/grid/aggregate.py) computed, as its figures draw it. The aggregates over tasks
+    (`agg`, `deg`, `abl`, `curves`, `poi`, `final_common`) hold only the tasks every algorithm ran, so that like is
+    compared with like (`tasks_note` names them when a task is left out); the per-task tables (`final`, `runs`,
+    `per_task`, `dec`) every task."""
+
+    label: str  # heads every figure's title
+    final: pd.DataFrame  # one row per run: its final score
+    runs: pd.DataFrame  # one row per run and logged step: the training curves
+    ref: pd.DataFrame | None  # the reference table (None: scores not normalised)
+    per_task: pd.DataFrame  # per (algorithm, task, lag): final TV and the like
+    agg: pd.DataFrame  # the aggregate metrics (IQM, mean, ...) per algorithm and lag
+    deg: pd.DataFrame  # the difference in degradation against PPO
+    abl: pd.DataFrame  # the ablations' effects
+    dec: pd.DataFrame  # the post-hoc deciles
+    curves: pd.DataFrame  # the IQM curves
+    poi: pd.DataFrame  # the probability of improvement
+    marked: set  # algorithms that did not learn (drawn dashed)
+    curve_reps: int  # bootstrap resamples of the curves and profiles
+    curve_points: int  # points per training curve
+    seed: int  # the bootstrap's seed
+    final_common: pd.DataFrame | None = None  # `final` on the tasks every algorithm ran (None: all of them)
+    tasks_note: str = ""  # those tasks, named in the titles when one is left out
+
+
+def make_figures(a: Aggregation, out) -> list[str]:
+    """Every figure of the aggregation into `out` (PNG and SVG); `a.label` heads every title. Returns the file names
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    _FIGURE_LABEL["text"] = label
-    fc = final if final_common is None else final_common
+    _FIGURE_LABEL["text"] = a.label
+    final, runs, ref, per_task, agg, deg, abl, dec, curves, poi, marked = (
+        a.final, a.runs, a.ref, a.per_task, a.agg, a.deg, a.abl, a.dec, a.curves, a.poi, a.marked
+    )  # fmt: skip
+    curve_reps, curve_points, seed, tasks_note = a.curve_reps, a.curve_points, a.seed, a.tasks_note
+    fc = final if a.final_common is None else a.final_common
     labels = order_labels(final["algo"].unique())
     colors, main = colors_for(labels), [lab for lab in labels if not is_ablation(lab)] or labels
     lags, n_tasks, delta = sorted(int(k) for k in final["lag"].unique()), fc["task"].nunique(), delta_of(final, "vaco")
