@@ -37,7 +37,7 @@ With `--gpus N` a task is one SLURM task with N GPUs and `--cpus` / N CPUs per G
 --cpus-per-gpu=C`), and the run is started as a job step (`srun`), which binds the task to its GPUs and CPUs.
 
 Plain sbatch arrays rather than submitit: no new dependency, a job script that a cluster's users and admins can
-read, and a test that drives SLURM itself (tests/test_slurm.py runs it on a one-node cluster).
+read, and a test that drives SLURM itself (tests/tools/grid/test_slurm.py runs it on a one-node cluster).
 """
 
 from __future__ import annotations
