@@ -75,7 +75,8 @@ def test_sweep_renders_and_script_accepts(sweep, tmp_path, monkeypatch):
     assert config["method"] == "grid" and config["program"] in SCRIPTS
     grid = expand_grid(config)
     assert {"env_id", "lag", "seed"} <= set(config["parameters"])
-    if sweep.stem.startswith(("round1_", "round2_")):  # the evidence grid's lags (tests/test_run_grid.py checks its cells)
+    # the evidence grid's lags (tests/tools/grid/test_run_grid.py checks its cells)
+    if sweep.stem.startswith(("round1_", "round2_")):
         assert set(config["parameters"]["lag"]["values"]) <= {0, 4, 8}
     else:
         assert len(config["parameters"]["lag"]["values"]) == 5  # five degrees of asynchronicity
