@@ -17,8 +17,6 @@ import pytest
 from conftest import ROOT
 from tools.grid import aggregate, measures, run_records
 
-# ------------------------------------------------------------------------------------------ aggregation
-
 REF = {"TaskA-v0": (0.0, 100.0), "TaskB-v0": (-100.0, 100.0)}  # random, reference
 T = 1000
 SEEDS = (1, 2, 3, 4)

@@ -1,5 +1,6 @@
-"""The sweep files (sweeps/*.yaml) that tools/grid/sweeps.py reads: each renders with wandb's own agent code (no
-server) into command lines the real scripts' `parse_args` accept; and the `--` split of a launcher's command line."""
+"""tools/grid/sweeps.py and the sweep files it reads (sweeps/*.yaml): each file renders with wandb's own agent code (no
+server) into command lines the real scripts' `parse_args` accept; the label rule on files written here; and the `--`
+split of a launcher's command line."""
 
 from __future__ import annotations
 
@@ -15,9 +16,6 @@ from conftest import ROOT, import_script
 
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 SCRIPTS = ("ppo_mujoco.py", "vaco_mujoco.py", "spo_mujoco.py", "impala_mujoco.py")
-
-
-# ------------------------------------------------------------------------------------------ wandb sweeps
 
 
 def expand_grid(config: dict) -> list[dict]:
