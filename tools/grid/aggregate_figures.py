@@ -435,13 +435,13 @@ class Aggregation:
     final: pd.DataFrame  # one row per run: its final score
     runs: pd.DataFrame  # one row per run and logged step: the training curves
     ref: pd.DataFrame | None  # the reference table (None: scores not normalised)
-    per_task: pd.DataFrame  # per (algorithm, task, lag): final TV and the like
-    agg: pd.DataFrame  # the aggregate metrics (IQM, mean, ...) per algorithm and lag
-    deg: pd.DataFrame  # the difference in degradation against PPO
-    abl: pd.DataFrame  # the ablations' effects
-    dec: pd.DataFrame  # the post-hoc deciles
-    curves: pd.DataFrame  # the IQM curves
-    poi: pd.DataFrame  # the probability of improvement
+    per_task: pd.DataFrame  # per (algorithm, task, lag): runs, mean return, normalised score, final TV, eval return
+    agg: pd.DataFrame  # per (algorithm, lag): IQM, mean, median, optimality gap over tasks and runs
+    deg: pd.DataFrame  # the difference in degradation against PPO, per task and pooled
+    abl: pd.DataFrame  # each VACO ablation's effect at the high lag, per task and pooled
+    dec: pd.DataFrame  # post hoc: per (algorithm, task, lag) and training decile
+    curves: pd.DataFrame  # the IQM of the normalised training return at logged steps, per (algorithm, lag)
+    poi: pd.DataFrame  # P(X > PPO) at the same lag
     marked: set  # algorithms that did not learn (drawn dashed)
     curve_reps: int  # bootstrap resamples of the curves and profiles
     curve_points: int  # points per training curve
