@@ -1,7 +1,7 @@
 """Tests of tools/grid/run_grid.py: its tiers (sweep files) against the committed records, round 2's command lines,
-the calibration rule of the TV-matched PPO on synthetic records, the refusal of tier 5 before the calibration is
-complete, `--commit`; the command lines the real scripts accept; and, on a tiny fake training script written into
-tmp_path, records, resuming, chunks, locks and signals.
+the refusal of tier 5 before the calibration of the TV-matched PPO is complete (on synthetic records), `--commit`,
+the command lines the real scripts accept; and, on a tiny fake training script written into tmp_path, records,
+resuming, chunks, locks and signals.
 
     .venv/bin/python -m pytest tests/tools/grid/test_run_grid.py -q
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from calibration_records import TASKS, T, write_calibration, write_first_grid_vaco
 from conftest import ROOT, import_script
-from tools.grid import aggregate, calibration, run_grid, run_records
+from tools.grid import aggregate, run_grid, run_records
 
-TASKS = ("Hopper-v5", "Walker2d-v5")
 SHAPE = "--num-envs 8 --num-steps 256 --eval-episodes 10 --lag-mode uniform --env-backend gymnasium"
 
 
@@ -82,118 +82,6 @@ def expected_line(script, label, env, seed, lag, tier, flags, steps=500000):
 def same_run(line: str, *expected, **kw) -> bool:
     """The dry-run line runs the expected script with the expected flags (order and form aside)."""
     return canonical(line) == canonical(expected_line(*expected, **kw))
-
-
-# ------------------------------------------------------------------------------- synthetic records
-
-T = 10_000  # a synthetic run (at least one batch of 8 x 256: the scripts accept its budget): logged every T / 10
-D = T // 10  # steps; the TV window (0.2 T, 0.8 T] holds the steps 3 D ... 8 D
-
-
-def tv_series(early: float, window: float, late: float) -> dict[int, float]:
-    """final TV per logged step: `early` at steps D and 2 D, `window` at 3 D ... 8 D, `late` at 9 D and T."""
-    return {k * D: early if k <= 2 else window if k <= 8 else late for k in range(1, 11)}
-
-
-def put_record(folder: Path, name: str, algo: str, task: str, seed: int, tv: dict, extra_args=None, finished=True):
-    args = {"exp_name": algo, "env_id": task, "lag": 0, "seed": seed, "total_timesteps": T, "lag_mode": "uniform"}
-    args.update(extra_args or {})
-    summary = {"global_step": T} if finished else None
-    rec = run_records.make_record(name, args, summary, {"final_tv": tv, "episodic_return": {T: 1.0}}, [], algo)
-    run_records.write_record(rec, folder / f"{name}.json.gz")
-
-
-# VACO's window TV at lag 0 per task, and PPO's per (clip, task). Outside the window the values are chosen so that
-# another window picks another clip: over the whole run clip 0.3 is closest, over the last 10% also clip 0.3.
-VACO_TV = {"Hopper-v5": 0.090, "Walker2d-v5": 0.100}
-PPO_TV = {
-    ("0.3", "Hopper-v5"): 0.060,  # |0.060 - 0.090| = 0.030
-    ("0.3", "Walker2d-v5"): 0.070,  # 0.030 -> mean 0.030
-    ("0.4", "Hopper-v5"): 0.085,  # 0.005
-    ("0.4", "Walker2d-v5"): 0.110,  # 0.010 -> mean 0.0075: the closest
-    ("0.5", "Hopper-v5"): 0.100,  # 0.010
-    ("0.5", "Walker2d-v5"): 0.120,  # 0.020 -> mean 0.015
-}
-VACO_OFFSETS = [-0.001, 0.001] * 5  # seeds 1-10: the mean over seeds is the value above
-PPO_OFFSETS = {101: -0.002, 102: 0.0, 103: 0.002}
-
-
-def write_first_grid_vaco(parent: Path):
-    for task in TASKS:
-        for seed, off in zip(range(1, 11), VACO_OFFSETS):
-            put_record(
-                parent / "tier1", f"{task}__vaco__lag0__s{seed}", "vaco", task, seed, tv_series(0.5, VACO_TV[task] + off, 0.01)
-            )
-
-
-def write_calibration(parent: Path, skip=(), early=None, late=None, name=None):
-    for (clip, task), value in PPO_TV.items():
-        for seed, off in PPO_OFFSETS.items():
-            if (clip, task, seed) in skip:
-                continue
-            e = early[clip] if early else 0.5
-            tv = tv_series(e, value + off, late[clip] if late else 0.01)
-            label = f"ppo-clip{clip}"
-            fname = name(clip, task, seed) if name else f"{task}__{label}__lag0__s{seed}"
-            put_record(parent / "tier4", fname, label, task, seed, tv, {"clip_coef": float(clip)})
-
-
-def test_window_tv_by_hand(tmp_path):
-    tv = {D: 9.0, 2 * D: 9.0, 3 * D: 1.0, 5 * D: 2.0, 8 * D: 6.0, 9 * D: 9.0, T: 9.0}
-    put_record(tmp_path, "r", "ppo", "Hopper-v5", 1, tv)
-    rec = run_records.read_record(tmp_path / "r.json.gz")
-    assert calibration.window_tv(rec) == pytest.approx(3.0)  # steps 3 D, 5 D, 8 D: (1 + 2 + 6) / 3
-    assert calibration.window_tv(rec, (0.9, 1.0)) == pytest.approx(9.0)
-
-
-def test_calibration_rule_on_synthetic_records(tmp_path):
-    write_first_grid_vaco(tmp_path)
-    # early/late values that make the whole-run mean and the last 10% pick clip 0.3: only the window picks 0.4
-    write_calibration(tmp_path, early={"0.3": 0.5, "0.4": 0.2, "0.5": 0.2}, late={"0.3": 0.01, "0.4": 0.05, "0.5": 0.05})
-    cal = calibration.calibrate(tmp_path, total_timesteps=T)
-    assert cal.missing == [] and cal.clip == "0.4"
-    assert cal.vaco_tv == pytest.approx(VACO_TV)
-    assert cal.ppo_tv == pytest.approx(PPO_TV)
-    assert cal.distance == pytest.approx({"0.3": 0.030, "0.4": 0.0075, "0.5": 0.015})
-    assert "chosen: --clip-coef 0.4" in cal.report()
-    # the same records at another budget do not count
-    assert calibration.calibrate(tmp_path, total_timesteps=2 * T).clip is None
-
-
-def test_calibration_tie_goes_to_the_smaller_clip(tmp_path):
-    # exact binary fractions: clips 0.3 and 0.5 are both 0.125 from VACO's 0.375
-    for task in TASKS:
-        for seed in range(1, 11):
-            put_record(tmp_path / "tier1", f"{task}__vaco__lag0__s{seed}", "vaco", task, seed, tv_series(0.5, 0.375, 0.0))
-        for clip, value in (("0.3", 0.25), ("0.4", 0.875), ("0.5", 0.5)):
-            for seed in (101, 102, 103):
-                put_record(
-                    tmp_path / "tier4",
-                    f"{task}__ppo-clip{clip}__lag0__s{seed}",
-                    f"ppo-clip{clip}",
-                    task,
-                    seed,
-                    tv_series(0.0, value, 0.0),
-                    {"clip_coef": float(clip)},
-                )
-    cal = calibration.calibrate(tmp_path, total_timesteps=T)
-    assert cal.distance == {"0.3": 0.125, "0.4": 0.5, "0.5": 0.125} and cal.clip == "0.3"
-
-
-def test_calibration_matches_records_by_arguments(tmp_path):
-    """Records made elsewhere (a wandb sweep's folders, exported) count by their arguments, not their names;
-    unfinished records and other seeds do not count."""
-    write_first_grid_vaco(tmp_path)
-    write_calibration(tmp_path, name=lambda clip, task, seed: f"{task}__ppo_mujoco__{seed}__17650{clip[-1]}")
-    put_record(tmp_path / "tier4", "other_seed", "ppo", "Hopper-v5", 7, tv_series(0, 0.0, 0), {"clip_coef": 0.4})
-    assert calibration.calibrate(tmp_path, total_timesteps=T).clip == "0.4"
-    (tmp_path / "tier4" / "Walker2d-v5__ppo_mujoco__103__176505.json.gz").unlink()
-    put_record(
-        tmp_path / "tier4", "unfinished", "ppo", "Walker2d-v5", 103, tv_series(0, 0.12, 0), {"clip_coef": 0.5}, finished=False
-    )
-    cal = calibration.calibrate(tmp_path, total_timesteps=T)
-    assert cal.clip is None and cal.missing == ["Walker2d-v5__ppo-clip0.5__lag0__s103"]
-    assert "not complete: 1 missing" in cal.report()
 
 
 def test_tier5_refused_until_the_calibration_is_complete(tmp_path):
