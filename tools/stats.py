@@ -1,10 +1,13 @@
 """The statistics every table of tools/ reports: Student-t and Welch t intervals, the Welch interval of a contrast of
-cell means, rliable's stratified bootstrap and the pooled standard deviation. Pure functions of their arguments (the
+cell means, rliable's stratified bootstrap, the standard error, the pooled standard deviation and the runs a contrast
+needs. Pure functions of their arguments (the
 bootstrap seeds numpy's global generator, which rliable draws from); the grid's aggregation and the studies both
 import them from here.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -67,3 +70,17 @@ def pooled_sd(samples) -> float:
     maps a cell to its values, cells with fewer than two values are left out."""
     cells = [np.asarray(x, float) for x in samples.values() if len(x) > 1]
     return float(np.sqrt(sum((len(x) - 1) * x.var(ddof=1) for x in cells) / sum(len(x) - 1 for x in cells)))
+
+
+def standard_error(y, axis=0):
+    """The standard error of the mean along `axis` (sample standard deviation / sqrt(n)); zeros for n < 2."""
+    n = y.shape[axis]
+    return y.std(axis, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(np.delete(y.shape, axis))
+
+
+def runs_per_cell(sd: float, cells: int, half_width: float, effect: float) -> tuple[int, int]:
+    """Runs per cell for a contrast of `cells` cell means with signs +-1 (a common per-cell sd; its variance is
+    cells x sd^2 / n) to have a 95% interval of +-half_width, and for 80% power against `effect` (two-sided 5% test),
+    by the normal approximation."""
+    z_interval, z_power = 1.96, 1.96 + 0.8416
+    return math.ceil((z_interval * math.sqrt(cells) * sd / half_width) ** 2), math.ceil(cells * sd**2 * z_power**2 / effect**2)

@@ -577,10 +577,12 @@ def aggregate(sources, out, reference=DEFAULT_REFERENCE, normalization="referenc
             )
             f_poi = probability_of_improvement_table(fc, curve_reps, seed)
             f_curves = curve_table(fc, runs[runs.task.isin(common)], ref, curve_points, curve_reps, seed, log)
-        written += aggregate_figures.make_figures(
-            label, out, final, runs, ref, norm, boot, per_task, f_agg, f_deg, f_abl, dec, f_curves, f_poi, marked,
-            curve_reps, curve_points, seed, final_common=fc, tasks_note=note,
+        drawn = aggregate_figures.Aggregation(
+            label=label, final=final, runs=runs, ref=ref, per_task=per_task, agg=f_agg, deg=f_deg, abl=f_abl, dec=dec,
+            curves=f_curves, poi=f_poi, marked=marked, curve_reps=curve_reps, curve_points=curve_points, seed=seed,
+            final_common=fc, tasks_note=note,
         )  # fmt: skip
+        written += aggregate_figures.make_figures(drawn, out)
     log(f"{len(final)} runs ({', '.join(f'{a}: {n}' for a, n in final['algo'].value_counts().sort_index().items())})")
     log(f"wrote {', '.join(written)} to {out}/")
     return {"final": final, "runs": runs, "per_task": per_task, "aggregate": agg, "degradation": deg, "ablation": abl,

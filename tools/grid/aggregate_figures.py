@@ -11,8 +11,10 @@ below the panels, never over the points."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from rliable import library as rly
 
 from tools.grid.measures import (
@@ -27,6 +29,7 @@ from tools.grid.measures import (
     order_labels,
     score_matrix,
 )
+from tools.stats import standard_error
 
 COLORS = {  # one colour per algorithm in every figure (matplotlib's tab10), its variants in shades of it
     "ppo": "#1f77b4",
@@ -95,7 +98,7 @@ def colors_for(labels) -> dict[str, str]:
     return out
 
 
-_FIGURE_LABEL = {"text": ""}  # set by make_figures(label, ...): prefixed to every figure title
+_FIGURE_LABEL = {"text": ""}  # set by make_figures from its Aggregation's label: prefixed to every figure title
 
 
 def _figure(nrows, ncols, row_height, **kw):
@@ -329,7 +332,7 @@ def plot_task_curves(path, title, final, runs, labels, lags, colors, max_points,
             steps = curve_steps(group, max_points) if group else []
             if len(steps):
                 y = np.stack([g.set_index("step")["episodic_return"].reindex(steps).to_numpy(float) for g in group])
-                m, se = y.mean(0), (y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros(len(steps)))
+                m, se = y.mean(0), standard_error(y)
                 runs_per_cell = "–".join(map(str, sorted({n[label].min(), n[label].max()})))
                 ax.plot(steps, m, "-", color=colors[label], label=f"{display_name(label)}, {runs_per_cell} runs", lw=1.4)
                 ax.fill_between(steps, m - se, m + se, color=colors[label], alpha=0.15, lw=0)
@@ -421,19 +424,44 @@ def plot_deciles(path, title, dec, colors, delta, algo="vaco"):
     save(fig, path, title)
 
 
-def make_figures(
-    label, out, final, runs, ref, norm, boot, per_task, agg, deg, abl, dec, curves, poi, marked, curve_reps, curve_points, seed,
-    final_common=None, tasks_note="",
-):  # fmt: skip
-    """Every figure of the aggregation into `out` (PNG and SVG); `label` heads every title. The aggregates over
-    tasks (`agg`, `deg`, `abl`, `curves`, `poi`, `final_common`) hold only the tasks every algorithm ran, so that
-    like is compared with like (`tasks_note` names them when a task is left out); the per-task figures (`final`,
-    `runs`, `per_task`, `dec`) every task. Returns the file names written."""
+@dataclass(frozen=True)
+class Aggregation:
+    """What the aggregation (tools/grid/aggregate.py) computed, as its figures draw it. The aggregates over tasks
+    (`agg`, `deg`, `abl`, `curves`, `poi`, `final_common`) hold only the tasks every algorithm ran, so that like is
+    compared with like (`tasks_note` names them when a task is left out); the per-task tables (`final`, `runs`,
+    `per_task`, `dec`) every task."""
+
+    label: str  # heads every figure's title
+    final: pd.DataFrame  # one row per run: its final score
+    runs: pd.DataFrame  # one row per run and logged step: the training curves
+    ref: pd.DataFrame | None  # the reference table (None: scores not normalised)
+    per_task: pd.DataFrame  # per (algorithm, task, lag): runs, mean return, normalised score, final TV, eval return
+    agg: pd.DataFrame  # per (algorithm, lag): IQM, mean, median, optimality gap over tasks and runs
+    deg: pd.DataFrame  # the difference in degradation against PPO, per task and pooled
+    abl: pd.DataFrame  # each VACO ablation's effect at the high lag, per task and pooled
+    dec: pd.DataFrame  # post hoc: per (algorithm, task, lag) and training decile
+    curves: pd.DataFrame  # the IQM of the normalised training return at logged steps, per (algorithm, lag)
+    poi: pd.DataFrame  # P(X > PPO) at the same lag
+    marked: set  # algorithms that did not learn (drawn dashed)
+    curve_reps: int  # bootstrap resamples of the curves and profiles
+    curve_points: int  # points per training curve
+    seed: int  # the bootstrap's seed
+    final_common: pd.DataFrame | None = None  # `final` on the tasks every algorithm ran (None: all of them)
+    tasks_note: str = ""  # those tasks, named in the titles when one is left out
+
+
+def make_figures(a: Aggregation, out) -> list[str]:
+    """Every figure of the aggregation into `out` (PNG and SVG); `a.label` heads every title. Returns the file names
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    _FIGURE_LABEL["text"] = label
-    fc = final if final_common is None else final_common
+    _FIGURE_LABEL["text"] = a.label
+    final, runs, ref, per_task, agg, deg, abl, dec, curves, poi, marked = (
+        a.final, a.runs, a.ref, a.per_task, a.agg, a.deg, a.abl, a.dec, a.curves, a.poi, a.marked
+    )  # fmt: skip
+    curve_reps, curve_points, seed, tasks_note = a.curve_reps, a.curve_points, a.seed, a.tasks_note
+    fc = final if a.final_common is None else a.final_common
     labels = order_labels(final["algo"].unique())
     colors, main = colors_for(labels), [lab for lab in labels if not is_ablation(lab)] or labels
     lags, n_tasks, delta = sorted(int(k) for k in final["lag"].unique()), fc["task"].nunique(), delta_of(final, "vaco")

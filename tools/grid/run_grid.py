@@ -94,7 +94,7 @@ from pathlib import Path
 
 from tools.grid.run_records import NotARecord, is_finished, read_record, record_from_run_dir, set_aside, write_record
 from tools.grid.calibration import TIER_TIMESTEPS, calibrate
-from tools.grid.sweeps import SWEEPS, read_sweep
+from tools.grid.sweeps import SWEEPS, read_sweep, split_at_dashes
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_ALGOS = ("ppo", "vaco", "spo", "impala")
@@ -674,15 +674,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not m or not int(m.group(1)) < int(m.group(2)):
         raise argparse.ArgumentTypeError("expected I/N with 0 <= I < N, e.g. 0/2")
     return int(m.group(1)), int(m.group(2))
-
-
-def split_at_dashes(argv=None) -> tuple[list[str], list[str]]:
-    """(the tool's own arguments, the flags after `--` that go to every training run)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    return argv[:i], argv[i + 1 :]
 
 
 def parse_args(argv=None):

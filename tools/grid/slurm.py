@@ -37,7 +37,7 @@ With `--gpus N` a task is one SLURM task with N GPUs and `--cpus` / N CPUs per G
 --cpus-per-gpu=C`), and the run is started as a job step (`srun`), which binds the task to its GPUs and CPUs.
 
 Plain sbatch arrays rather than submitit: no new dependency, a job script that a cluster's users and admins can
-read, and a test that drives SLURM itself (tests/test_slurm.py runs it on a one-node cluster).
+read, and a test that drives SLURM itself (tests/tools/grid/test_slurm.py runs it on a one-node cluster).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.grid.run_records import is_finished
-from tools.grid.sweeps import read_sweep, select
+from tools.grid.sweeps import read_sweep, select, split_at_dashes
 
 REPO = Path(__file__).resolve().parents[2]
 # squeue's states of a task that is not over (https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES).
@@ -508,10 +508,9 @@ def main(argv=None) -> int:
     s.add_argument("out", help="the grid's folder (submit's --out)")
     s.add_argument("--all", action="store_true", help="list the finished cells too")
     s.add_argument("--tail", type=int, default=5, help="lines of a failed cell's log")
-    argv = sys.argv[1:] if argv is None else list(argv)
     # Flags after `--` go to every run (argparse's subcommands do not take them through a positional argument).
-    script_args = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    argv, script_args = split_at_dashes(argv)
+    args = parser.parse_args(argv)
     args.script_args = script_args
     try:
         if args.command == "submit":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,3 +138,13 @@ def sweep_values(stem: str, key: str) -> list:
     """The values a sweep file gives a parameter (`values`, or `[value]`)."""
     spec = yaml.safe_load((SWEEPS / f"{stem}.yaml").read_text())["parameters"][key]
     return list(spec["values"]) if "values" in spec else [spec["value"]]
+
+
+def split_at_dashes(argv=None) -> tuple[list[str], list[str]]:
+    """(a launcher's own arguments, the flags after `--` that go to every training run it starts): the command-line
+    convention of the grid runner, the SLURM launcher and the studies that start runs."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]

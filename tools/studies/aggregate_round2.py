@@ -148,8 +148,9 @@ class Question:
         return lines + [""] + [f"- {n}" for n in self.notes] + ([""] if self.notes else [])
 
 
-def question1(final, reps, seed, clip: str | None) -> tuple[Question, str]:
-    """`clip`: the TV-matched PPO's --clip-coef (None while the calibration is incomplete)."""
+def is_vacos_gain_a_larger_step(final, reps, seed, clip: str | None) -> tuple[Question, str]:
+    """Question 1: VACO against a PPO that moves as far (its TV matched at lag 0). `clip`: the TV-matched PPO's
+    --clip-coef (None while the calibration is incomplete)."""
     p = f"ppo-clip{clip}" if clip else None
     cells = [("vaco", k) for k in (0, 4, 8)] + [(p, k) for k in (0, 4, 8)]
     q = Question(1, "is VACO's gain robustness to lag, or a larger step?", PLANNED[1], runs_in(final, cells, TASKS2))
@@ -192,7 +193,8 @@ def question1(final, reps, seed, clip: str | None) -> tuple[Question, str]:
     return q, answer
 
 
-def question2(final, reps, seed) -> tuple[Question, str]:
+def does_vaco_beat_impala_as_used(final, reps, seed) -> tuple[Question, str]:
+    """Question 2: VACO against IMPALA as it is used (one pass over each batch), once IMPALA learns."""
     cells = [(IMPALA1, 0), (IMPALA1, 8), ("vaco", 0), ("vaco", 8)]
     q = Question(2, "IMPALA as it is used (one pass over each batch)", PLANNED[2], runs_in(final, cells, TASKS2))
     learn = q.measure(f"IQM_0({IMPALA1}), two tasks", iqm(final, IMPALA1, 0, TASKS2, reps, seed))
@@ -229,7 +231,9 @@ def question2(final, reps, seed) -> tuple[Question, str]:
     return q, q.answer() if ok else "not answerable yet (missing runs)"
 
 
-def question3(final, reps, seed) -> tuple[Question, str]:
+def does_vaco_hold_on_halfcheetah(final, reps, seed) -> tuple[Question, str]:
+    """Question 3: VACO against PPO with HalfCheetah-v5 as a third task: D and ΔIQM_8 over three tasks once both
+    learn it."""
     cells = [(a, k) for a in ("ppo", "vaco") for k in (0, 4, 8)]
     q = Question(3, "HalfCheetah-v5 as a third task", PLANNED[3], runs_in(final, cells, [CHEETAH]))
     learned = []
@@ -294,7 +298,8 @@ def question3(final, reps, seed) -> tuple[Question, str]:
     return q, q.answer()
 
 
-def question4(final, reps, seed) -> tuple[Question, str]:
+def does_delta_need_tuning(final, reps, seed) -> tuple[Question, str]:
+    """Question 4: VACO's TV threshold δ halved and doubled at lag 8, against the margin of "needs no tuning"."""
     labels = {0.1: "vaco-delta0.1", 0.4: "vaco-delta0.4"}
     cells = [(a, 8) for a in labels.values()]
     q = Question(4, "how much does VACO's TV threshold δ matter?", PLANNED[4], runs_in(final, cells, TASKS2))
@@ -370,10 +375,10 @@ def round2(sources, out, reps=5000, curve_reps=500, seed=0, plots=True, log=prin
     )
     final = window_tv_table(res["final"], res["runs"])
     answers = [
-        question1(final, reps, seed, calibrate(RECORDS).clip),
-        question2(final, reps, seed),
-        question3(final, reps, seed),
-        question4(final, reps, seed),
+        is_vacos_gain_a_larger_step(final, reps, seed, calibrate(RECORDS).clip),
+        does_vaco_beat_impala_as_used(final, reps, seed),
+        does_vaco_hold_on_halfcheetah(final, reps, seed),
+        does_delta_need_tuning(final, reps, seed),
     ]
     measures = pd.DataFrame([row for q, _ in answers for row in q.rows])
     out = Path(out)

@@ -53,8 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.grid.run_grid import split_at_dashes
 from tools.grid.run_records import is_finished, read_record, record_from_run_dir, write_record
+from tools.grid.sweeps import split_at_dashes
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("gymnasium", "envpool")

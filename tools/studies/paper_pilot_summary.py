@@ -12,7 +12,6 @@ same bytes. Exit 2 with one line if no finished record is there.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from tools.grid.run_records import collect_records
 from tools.readings import reading, value
-from tools.stats import pooled_sd, welch_contrast_interval
+from tools.stats import pooled_sd, runs_per_cell, welch_contrast_interval
 
 RECORDS = Path("results/records/paper_pilot")
 GRID_RECORDS = Path("results/records/tier1")  # the evidence grid at 2,048 samples per iteration
@@ -32,7 +31,7 @@ LAST = 10  # iterations of the final training return
 FINAL_FRACTION = 0.1  # the evidence grid's final score: the last tenth of the steps (docs/results.md)
 # The sizes a decisive test is judged by (normalised score): an interval of D of this half-width, and 80% power at
 # the 5% level against a true D of this size.
-HALF_WIDTH, EFFECT, Z_POWER = 0.1, 0.1, 1.96 + 0.8416
+HALF_WIDTH, EFFECT = 0.1, 0.1
 
 
 def reference(task=TASK, path=Path("results/reference_scores.csv")) -> tuple[float, float]:
@@ -105,12 +104,6 @@ def contrast(samples: dict) -> tuple[float, float, float]:
     return float(estimate), float(low), float(high)
 
 
-def seeds_needed(sd: float) -> tuple[int, int]:
-    """Seeds per cell for D's 95% interval to be +-HALF_WIDTH, and for 80% power against D = EFFECT (normal
-    approximation; D's variance is 4 sd^2 / n over the four cells)."""
-    return math.ceil((1.96 * 2 * sd / HALF_WIDTH) ** 2), math.ceil(4 * sd**2 * Z_POWER**2 / EFFECT**2)
-
-
 def fmt(x, digits=3) -> str:
     return "n/a" if not np.isfinite(x) else f"{x:.{digits}f}"
 
@@ -142,7 +135,7 @@ def summary_markdown(rows, grid, grid_filter_fractions) -> str:
         words = reading(d, (lo, hi), higher="VACO loses less", lower="VACO loses more")
         out.append(f"D = (VACO lag 8 − lag 0) − (PPO lag 8 − lag 0), final score: {value(d, lo, hi)} (95% Welch t): {words}")
         sd_here, sd_grid = pooled_sd(samples), pooled_sd(grid)
-        n_interval, n_power = seeds_needed(sd_here)
+        n_interval, n_power = runs_per_cell(sd_here, len(SIGNS), HALF_WIDTH, EFFECT)
         hours = float(np.mean([r["cpu_hours"] for r in rows]))
         out += [
             "",

@@ -5,12 +5,10 @@ the grader gives the recorded completions today."""
 import csv
 import filecmp
 import shutil
-from pathlib import Path
 
 import vaco_gsm8k as V
+from conftest import ROOT
 from tools.studies import smollm2_cpu as S
-
-ROOT = Path(__file__).resolve().parents[1]
 
 RECORD = ROOT / "results" / "smollm2_cpu"
 

@@ -3,7 +3,7 @@ TensorBoard event file of a few steps; no training): a damaged event file or .wa
 an object, a path that is not a folder, a folder it cannot write into. Each is one `error:` line naming the file, exit
 2, and nothing written anywhere; a complete run is written once, and again only when the event files hold more.
 
-    .venv/bin/python -m pytest -q tests/test_wandb_from_tb.py
+    .venv/bin/python -m pytest -q tests/tools/grid/test_wandb_from_tb.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """tools/studies/backend_equivalence.py on tiny budgets, in tmp_path (nothing of the checkout's runs/ or results/).
 
-.venv/bin/python -m pytest tests/test_backend_equivalence.py -x -q
+.venv/bin/python -m pytest tests/tools/studies/test_backend_equivalence.py -x -q
 """
 
 from __future__ import annotations
@@ -8,18 +8,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-pytest.importorskip("envpool")
-torch.set_num_threads(1)
+from tools.stats import welch_interval
+from tools.studies import backend_equivalence as be
 
-from tools.stats import welch_interval  # noqa: E402
-from tools.studies import backend_equivalence as be  # noqa: E402
+torch.set_num_threads(1)
 
 
 def test_intervals():

@@ -56,39 +56,39 @@ def test_iqm_difference_against_scipy():
     assert r2.iqm_difference(final, "vaco", "missing", 8, TASKS, REPS, 0) is None
 
 
-def test_question1_supports_when_vaco_keeps_more_of_its_score_than_the_matched_ppo():
-    q, answer = r2.question1(cells(q1_spec()), REPS, 0, "0.3")
+def test_is_vacos_gain_a_larger_step_supports_when_vaco_keeps_more_of_its_score_than_the_matched_ppo():
+    q, answer = r2.is_vacos_gain_a_larger_step(cells(q1_spec()), REPS, 0, "0.3")
     assert answer == "supports" and not q.provisional
     d = {row["task"]: row for row in q.rows if row["measure"].startswith("D(")}
     # D = (0.8 - 0.9) - (0.5 - 0.9) = 0.3 on each task; the mean of each cell is exact by construction
     assert d["pooled"]["estimate"] == pytest.approx(0.3) and d["Hopper-v5"]["ci_low"] > 0.25
 
 
-def test_question1_refutes_when_the_matched_ppo_scores_as_high_at_lag_8():
-    assert r2.question1(cells(q1_spec(vaco8=0.8, matched8=0.85)), REPS, 0, "0.3")[1] == "refutes"
+def test_is_vacos_gain_a_larger_step_refutes_when_the_matched_ppo_scores_as_high_at_lag_8():
+    assert r2.is_vacos_gain_a_larger_step(cells(q1_spec(vaco8=0.8, matched8=0.85)), REPS, 0, "0.3")[1] == "refutes"
 
 
-def test_question1_inconclusive_provisional_and_tv_not_matched():
+def test_is_vacos_gain_a_larger_step_inconclusive_provisional_and_tv_not_matched():
     noisy = cells(q1_spec(vaco8=0.8, matched8=0.76), noise=0.3)
-    assert r2.question1(noisy, REPS, 0, "0.3")[1] == "inconclusive"  # ΔIQM_8 > 0 but its interval spans 0
-    q, answer = r2.question1(cells(q1_spec(), seeds=3), REPS, 0, "0.3")
+    assert r2.is_vacos_gain_a_larger_step(noisy, REPS, 0, "0.3")[1] == "inconclusive"  # ΔIQM_8 > 0 but its interval spans 0
+    q, answer = r2.is_vacos_gain_a_larger_step(cells(q1_spec(), seeds=3), REPS, 0, "0.3")
     assert q.provisional and "provisional: 3 of the 10" in "\n".join(q.markdown(answer))
     far = cells(q1_spec(), tv={("ppo-clip0.3", 0): 0.05})  # 0.05 vs VACO's 0.09: outside ±25%
-    assert r2.question1(far, REPS, 0, "0.3")[1] == "supports (TV not matched)"
-    assert r2.question1(cells(q1_spec()), REPS, 0, None)[1].startswith("not answerable")
+    assert r2.is_vacos_gain_a_larger_step(far, REPS, 0, "0.3")[1] == "supports (TV not matched)"
+    assert r2.is_vacos_gain_a_larger_step(cells(q1_spec()), REPS, 0, None)[1].startswith("not answerable")
 
 
-def test_question2_needs_impala_to_learn():
+def test_does_vaco_beat_impala_as_used_needs_impala_to_learn():
     spec = {("vaco", 0): 0.9, ("vaco", 8): 0.8, ("ppo", 0): 0.7, ("ppo", 8): 0.4}
     flat = cells({**spec, ("impala-1pass", 0): 0.05, ("impala-1pass", 8): 0.0})
-    assert r2.question2(flat, REPS, 0)[1].startswith("L fails")
+    assert r2.does_vaco_beat_impala_as_used(flat, REPS, 0)[1].startswith("L fails")
     learns = cells({**spec, ("impala-1pass", 0): 0.6, ("impala-1pass", 8): 0.2})
-    assert r2.question2(learns, REPS, 0)[1] == "supports"  # ΔIQM_8 = 0.6, D = 0.3
+    assert r2.does_vaco_beat_impala_as_used(learns, REPS, 0)[1] == "supports"  # ΔIQM_8 = 0.6, D = 0.3
     beats = cells({**spec, ("impala-1pass", 0): 0.95, ("impala-1pass", 8): 0.9})
-    assert r2.question2(beats, REPS, 0)[1] == "refutes"
+    assert r2.does_vaco_beat_impala_as_used(beats, REPS, 0)[1] == "refutes"
 
 
-def test_question3_three_tasks_and_the_learned_check():
+def test_does_vaco_hold_on_halfcheetah_three_tasks_and_the_learned_check():
     cheetah = r2.CHEETAH
     three = {**{t: 0.0 for t in TASKS}, cheetah: 0.0}
 
@@ -100,20 +100,24 @@ def test_question3_three_tasks_and_the_learned_check():
         return out
 
     tv = {("vaco", 4): 0.1, ("vaco", 8): 0.1}
-    q, answer = r2.question3(cells(spec(0.9, 0.8, 0.7, 0.4), tv=tv), REPS, 0)
+    q, answer = r2.does_vaco_hold_on_halfcheetah(cells(spec(0.9, 0.8, 0.7, 0.4), tv=tv), REPS, 0)
     assert answer == "supports" and any(r["measure"] == "D(vaco, ppo), 3 tasks" for r in q.rows)
-    assert r2.question3(cells(spec(0.9, 0.8, 0.7, 0.4), tv={("vaco", 4): 0.2}), REPS, 0)[1] == "inconclusive"
-    assert r2.question3(cells(spec(0.9, 0.5, 0.7, 0.6), tv=tv), REPS, 0)[1] == "refutes"
-    assert r2.question3(cells(spec(0.9, 0.8, 0.7, 0.4, hc_learned=False), tv=tv), REPS, 0)[1].startswith("L3 fails")
+    assert (
+        r2.does_vaco_hold_on_halfcheetah(cells(spec(0.9, 0.8, 0.7, 0.4), tv={("vaco", 4): 0.2}), REPS, 0)[1] == "inconclusive"
+    )
+    assert r2.does_vaco_hold_on_halfcheetah(cells(spec(0.9, 0.5, 0.7, 0.6), tv=tv), REPS, 0)[1] == "refutes"
+    assert r2.does_vaco_hold_on_halfcheetah(cells(spec(0.9, 0.8, 0.7, 0.4, hc_learned=False), tv=tv), REPS, 0)[1].startswith(
+        "L3 fails"
+    )
 
 
-def test_question4_margin():
+def test_does_delta_need_tuning_margin():
     def final(e01, e04, noise=0.01):
         spec = {("vaco", 8): 0.5, ("vaco-delta0.1", 8): 0.5 + e01, ("vaco-delta0.4", 8): 0.5 + e04}
         tv = {("vaco", 8): 0.1, ("vaco-delta0.1", 8): 0.05, ("vaco-delta0.4", 8): 0.2}
         return cells(spec, seeds=5, noise=noise, tv=tv)
 
-    q, answer = r2.question4(final(0.03, -0.05), REPS, 0)
+    q, answer = r2.does_delta_need_tuning(final(0.03, -0.05), REPS, 0)
     assert answer == "supports" and all(h for k, _, _, h in q.criteria if k == "mechanism")
-    assert r2.question4(final(0.03, -0.3), REPS, 0)[1] == "refutes"  # δ = 0.4 worse by more than the margin
-    assert r2.question4(final(0.08, 0.0, noise=0.2), REPS, 0)[1] == "inconclusive"  # may or may not exceed it
+    assert r2.does_delta_need_tuning(final(0.03, -0.3), REPS, 0)[1] == "refutes"  # δ = 0.4 worse by more than the margin
+    assert r2.does_delta_need_tuning(final(0.08, 0.0, noise=0.2), REPS, 0)[1] == "inconclusive"  # may or may not exceed it
