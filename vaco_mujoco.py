@@ -1000,7 +1000,7 @@ def parse_args(argv=None) -> Args:
     try:
         args = tyro_cli(argv)
         check_text(args)
-        args = in_a_sweep(args)
+        args = with_sweep_run_dir(args)
         holder = args.run_dir and lock_holder(args.run_dir)
         if holder:  # whatever else would be said of the folder, its run is in progress
             raise ValueError(f"{args.run_dir} is in use by {holder}")
@@ -1047,7 +1047,7 @@ def resume_if_same_run(args):
     return dataclasses.replace(args, resume=True)
 
 
-def in_a_sweep(args):
+def with_sweep_run_dir(args):
     """Started by a wandb sweep's agent without --run-dir: the folder runs/sweep-<sweep id>/<run id>, with --auto-resume,
     so that the agent's rerun of a preempted run (same WANDB_RUN_ID, same arguments) continues it, not starts over."""
     sweep_id, run_id = os.environ.get("WANDB_SWEEP_ID", ""), os.environ.get("WANDB_RUN_ID", "")
@@ -1109,13 +1109,13 @@ def write_json(path, value):
 
 def quiet_writer_thread(exception):
     """threading.excepthook: TensorBoard's writer thread keeps a write error for the main thread, which raises it at
-    its next write (under `writing`), and then also raises it itself: that second report would be a traceback."""
+    its next write (under `exit_on_write_error`), and then also raises it itself: that second report would be a traceback."""
     if not (isinstance(exception.exc_value, OSError) and type(exception.thread).__name__ == "_AsyncWriterThread"):
         sys.__excepthook__(exception.exc_type, exception.exc_value, exception.exc_traceback)
 
 
 @contextlib.contextmanager
-def writing(path):
+def exit_on_write_error(path):
     """A fault while the run writes its folder (disk full, a read-only or vanished folder) ends it with one line and
     exit code 1; what write_atomically wrote keeps its last whole version."""
     try:
@@ -1282,7 +1282,7 @@ def start_run(args):
     purge_step = None
     if args.resume:
         purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
-    with writing(run_dir):
+    with exit_on_write_error(run_dir):
         before = set(os.listdir(run_dir))
         writer = SummaryWriter(run_dir, purge_step=purge_step)
         for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
@@ -1471,7 +1471,7 @@ def save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_retur
         run_id = read_run_record(run_dir)["run_id"]
     except ValueError as e:  # run.json removed or altered while the run was going
         raise SystemExit(f"error: {e}; no checkpoint can be written")
-    with writing(path):
+    with exit_on_write_error(path):
         digest = hashlib.sha256(payload).hexdigest()
         header = json.dumps({"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "sha256": digest})
         header = header.encode().ljust(CHECKPOINT_HEADER_BYTES - 1) + b"\n"
@@ -1571,7 +1571,7 @@ def log_iteration(writer, args, progress, episodes, scalars):
 def log_row(writer, args, row, step):
     """Scalars at one environment step, to TensorBoard and (--track) to wandb, whose own step is the environment
     step: wandb drops a step logged again, so an iteration redone after a kill (the same bits) counts once."""
-    with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
+    with exit_on_write_error(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
         for tag, value in row.items():
             writer.add_scalar(tag, value, step)
     if args.track and not WANDB_LOST:
@@ -1645,7 +1645,7 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         torch.save(
             {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)}, model
         )
-        with writing(model_path):
+        with exit_on_write_error(model_path):
             record_written(run_dir, os.path.basename(model_path))
             write_atomically(model_path, model.getvalue())
         print(f"model saved to {model_path}")
@@ -1666,7 +1666,7 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
         "interrupted": bool(stop),
     }
-    with writing(run_dir):
+    with exit_on_write_error(run_dir):
         write_json(f"{run_dir}/summary.json", summary)
         writer.flush()  # raises what the writer thread could not write; close() would not
         writer.close()
