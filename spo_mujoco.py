@@ -977,9 +977,8 @@ def open_own_file(path, flags):
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise LinkedFile(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+        symbolic = LinkedFile(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+        raise symbolic if e.errno == errno.ELOOP else e
     found = os.fstat(fd)
     if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:
         return fd
@@ -1116,22 +1115,16 @@ def remove_wandb_files(run_dir, keep=None, only=None):
         os.rmdir(folder)
 
 
-def run_has_finished(run_dir):
-    """Whether the run wrote its summary at the end, not after a signal (tools/grid/run_records.py's rule)."""
-    with contextlib.suppress(ValueError):
-        summary = read_json(f"{run_dir}/summary.json")
-        return isinstance(summary, dict) and summary.get("interrupted") is False
-    return False
-
-
 def start_run(args):
     """Everything before the envs and the model: the run folder (claimed, then run.json and args.json for a new
     run), the checkpoint to resume from (or None), the signal handlers, wandb, TensorBoard, the seeds and the
     device. Returns (run_dir, checkpoint, stop, writer, rng, device). A start that fails after taking the folder
     leaves it as it found it and exits with code 2."""
-    if args.resume and run_has_finished(args.run_dir):
-        print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
-        sys.exit(0)
+    with contextlib.suppress(ValueError):  # the run wrote its summary at the end, not after a signal: it has finished
+        summary = read_json(f"{args.run_dir}/summary.json") if args.resume else None
+        if isinstance(summary, dict) and summary.get("interrupted") is False:  # tools/grid/run_records.py's rule
+            print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
+            sys.exit(0)
     run_name = default_run_name(args)
     try:
         run_dir, created = claim_run_dir(args, run_name)
@@ -1551,11 +1544,9 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
     signal), summary.json; then everything is closed, and a stopped run exits as if the signal had ended it."""
     if args.save_model:
         model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
-        obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        dims = {"obs_dim": envs.single_observation_space.shape[0], "act_dim": envs.single_action_space.shape[0]}
         model = io.BytesIO()
-        torch.save(
-            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)}, model
-        )
+        torch.save({"agent": agent.state_dict(), **dims, "args": dataclasses.asdict(args)}, model)
         with exit_on_write_error(model_path):
             record_written(run_dir, os.path.basename(model_path))
             write_atomically(model_path, model.getvalue())
