@@ -617,12 +617,11 @@ def env_spaces(env_id, env_backend):
 def check_text(args):
     """Every text flag is UTF-8 (undecodable bytes of the command line reach Python as surrogates, which no file name,
     log or JSON takes), and a given --run-dir names a folder (an empty one would be the default folder)."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
+    for name, value in dataclasses.asdict(args).items():
         try:
             value.encode() if isinstance(value, str) else None
         except UnicodeEncodeError:
-            raise ValueError(f"--{field.name.replace('_', '-')} is not valid UTF-8: {os.fsencode(value)!r}")
+            raise ValueError(f"--{name.replace('_', '-')} is not valid UTF-8: {os.fsencode(value)!r}")
     if args.run_dir == "":
         raise ValueError("--run-dir must name a folder, got ''")
 
@@ -928,10 +927,9 @@ def read_checkpoint(run_dir):
     """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read or is not this run's.
     checkpoint.prev.pt is taken only where checkpoint.pt is missing (a crash between save_checkpoint's renames)."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
-    if not os.path.exists(path):
-        if not os.path.exists(previous):
-            return None
-        path = previous
+    if not os.path.exists(path) and not os.path.exists(previous):
+        return None
+    path = path if os.path.exists(path) else previous
     run_id = read_run_record(run_dir)["run_id"]
     try:
         return load_checkpoint(path, run_id)
