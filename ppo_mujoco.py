@@ -657,19 +657,12 @@ def written_by_a_run(run_dir, name, recorded):
     (`recorded`), the *.tmp of each, videos/ and wandb/; a link never is. recorded None: a run.json of an earlier
     version, which records none (then any events file and model file counts)."""
     path, name = f"{run_dir}/{name}", name.removesuffix(".tmp")
-    if name == "videos" and os.path.isdir(path) and not os.path.islink(path):
-        return all(re.fullmatch(r"rl-video-[\w-]*\.mp4", video) for video in os.listdir(path))
-    if name == "wandb" and os.path.isdir(path) and not os.path.islink(path):
-        return all(re.fullmatch(WANDB_ENTRY, entry) for entry in os.listdir(path))
+    pattern = {"videos": r"rl-video-[\w-]*\.mp4", "wandb": WANDB_ENTRY}.get(name)  # what each folder holds
+    if pattern and os.path.isdir(path) and not os.path.islink(path):
+        return all(re.fullmatch(pattern, entry) for entry in os.listdir(path))
     if recorded is None:
         recorded = [name] if name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model") else []
     return os.path.isfile(path) and not os.path.islink(path) and (name in RUN_FILES or name in recorded)
-
-
-def is_linked(path):
-    """Whether writing to `path` would write elsewhere too: a symbolic link, or a file with other names (hard links)."""
-    found = os.lstat(path)
-    return stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1)
 
 
 def read_json(path):
@@ -750,10 +743,12 @@ def check_run_dir(args):
             raise ValueError(f"{run_dir} holds no run (no run.json)")
         return
     names = sorted(os.listdir(run_dir))
-    # What a run opens for writing under a name it reuses (the lock, a *.tmp, videos/): never a link out of the folder.
+    # What a run opens for writing under a name it reuses (the lock, a *.tmp, videos/): never a link out of the folder,
+    # symbolic or hard (a file with other names).
     videos = [f"videos/{name}" for name in os.listdir(f"{run_dir}/videos")] if os.path.isdir(f"{run_dir}/videos") else []
     for name in [name for name in names if name in ("run.lock", "videos") or name.endswith(".tmp")] + videos:
-        if is_linked(f"{run_dir}/{name}"):
+        found = os.lstat(f"{run_dir}/{name}")
+        if stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1):
             raise ValueError(
                 f"{run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
             )
@@ -1183,9 +1178,7 @@ def start_run(args):
     stop = stop_on_signals()
     threading.excepthook = quiet_writer_thread
     # On resume, TensorBoard drops what a killed run logged after its last checkpoint (all of it, if it had none).
-    purge_step = None
-    if args.resume:
-        purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
+    purge_step = (0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1) if args.resume else None
     with exit_on_write_error(run_dir):
         before = set(os.listdir(run_dir))
         writer = SummaryWriter(run_dir, purge_step=purge_step)
