@@ -816,8 +816,8 @@ def never_started(run_dir):
 
 
 def json_fits(value, kind):
-    """(Whether a value read from JSON has the type of an Args field, that type in words): an int is a float too; a bool
-    is not an int."""
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int), and
+    that type in words."""
     if typing.get_origin(kind) is typing.Union:
         fits = [json_fits(value, option) for option in typing.get_args(kind)]
         return any(fit for fit, _ in fits), " or ".join(words for _, words in fits)
