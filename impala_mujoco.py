@@ -534,9 +534,7 @@ RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir", "overlap"}
 # SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
 ENVPOOL_FROM_NUM_ENVS = 4
 # What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
-CHECKPOINT_KEYS = set(
-    "agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()
-)
+CHECKPOINT_KEYS = {*"agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()}
 # The run folder (docs/usage.md#the-run-folder). run.json names the script and the format that wrote the run
 # and gives it an id, which each of its checkpoints repeats: a folder holds a run when it has run.json.
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
@@ -619,12 +617,11 @@ def env_spaces(env_id, env_backend):
 def check_text(args):
     """Every text flag is UTF-8 (undecodable bytes of the command line reach Python as surrogates, which no file name,
     log or JSON takes), and a given --run-dir names a folder (an empty one would be the default folder)."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
+    for name, value in dataclasses.asdict(args).items():
         try:
             value.encode() if isinstance(value, str) else None
         except UnicodeEncodeError:
-            raise ValueError(f"--{field.name.replace('_', '-')} is not valid UTF-8: {os.fsencode(value)!r}")
+            raise ValueError(f"--{name.replace('_', '-')} is not valid UTF-8: {os.fsencode(value)!r}")
     if args.run_dir == "":
         raise ValueError("--run-dir must name a folder, got ''")
 
@@ -696,19 +693,12 @@ def written_by_a_run(run_dir, name, recorded):
     (`recorded`), the *.tmp of each, videos/ and wandb/; a link never is. recorded None: a run.json of an earlier
     version, which records none (then any events file and model file counts)."""
     path, name = f"{run_dir}/{name}", name.removesuffix(".tmp")
-    if name == "videos" and os.path.isdir(path) and not os.path.islink(path):
-        return all(re.fullmatch(r"rl-video-[\w-]*\.mp4", video) for video in os.listdir(path))
-    if name == "wandb" and os.path.isdir(path) and not os.path.islink(path):
-        return all(re.fullmatch(WANDB_ENTRY, entry) for entry in os.listdir(path))
+    pattern = {"videos": r"rl-video-[\w-]*\.mp4", "wandb": WANDB_ENTRY}.get(name)  # what each folder holds
+    if pattern and os.path.isdir(path) and not os.path.islink(path):
+        return all(re.fullmatch(pattern, entry) for entry in os.listdir(path))
     if recorded is None:
         recorded = [name] if name.startswith("events.out.tfevents.") or name.endswith(".cleanrl_model") else []
     return os.path.isfile(path) and not os.path.islink(path) and (name in RUN_FILES or name in recorded)
-
-
-def is_linked(path):
-    """Whether writing to `path` would write elsewhere too: a symbolic link, or a file with other names (hard links)."""
-    found = os.lstat(path)
-    return stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1)
 
 
 def read_json(path):
@@ -759,35 +749,9 @@ def args_digests(saved):
     return {name: hashlib.sha256(json.dumps(value).encode()).hexdigest() for name, value in saved.items()}
 
 
-def name_limit(folder):
-    """The longest file name, in bytes, that the file system holding `folder` takes."""
-    with contextlib.suppress(OSError, ValueError):
-        return os.pathconf(folder, "PC_NAME_MAX")
-    return 255
-
-
 def default_run_name(args):
     """The default run folder's name (runs/<it>, or <it>-2, -3, ... where it is taken)."""
     return f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-
-def lock_holder(run_dir):
-    """What run_dir's run.lock says of the process that holds it, or None where no other process does; takes no lock and
-    writes nothing. (A lock this process holds is not tested: closing any descriptor of the file would release it.)"""
-    path = f"{run_dir}/run.lock"
-    with contextlib.suppress(OSError):
-        found = os.lstat(path)
-        if any(os.path.samestat(found, os.fstat(fd)) for fd in RUN_LOCKS.values()):
-            return None
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EACCES, errno.EAGAIN):
-                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
-        finally:
-            os.close(fd)
-    return None
 
 
 def check_run_dir(args):
@@ -799,7 +763,9 @@ def check_run_dir(args):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ValueError(f"--run-dir {run_dir}: {parent} is not a writable folder")
-    limit = name_limit(parent)
+    limit = 255  # the longest file name, in bytes, that the file system takes, where it does not say
+    with contextlib.suppress(OSError, ValueError):
+        limit = os.pathconf(parent, "PC_NAME_MAX")
     if any(len(os.fsencode(part)) > limit for part in os.path.abspath(run_dir).split("/")):
         raise ValueError(f"--run-dir {run_dir}: a name in it is longer than the {limit} bytes that the file system takes")
     # The file names that --exp-name makes: the model's (and its .tmp), the default folder's (room for a -99 suffix).
@@ -813,10 +779,12 @@ def check_run_dir(args):
             raise ValueError(f"{run_dir} holds no run (no run.json)")
         return
     names = sorted(os.listdir(run_dir))
-    # What a run opens for writing under a name it reuses (the lock, a *.tmp, videos/): never a link out of the folder.
+    # What a run opens for writing under a name it reuses (the lock, a *.tmp, videos/): never a link out of the folder,
+    # symbolic or hard (a file with other names).
     videos = [f"videos/{name}" for name in os.listdir(f"{run_dir}/videos")] if os.path.isdir(f"{run_dir}/videos") else []
     for name in [name for name in names if name in ("run.lock", "videos") or name.endswith(".tmp")] + videos:
-        if is_linked(f"{run_dir}/{name}"):
+        found = os.lstat(f"{run_dir}/{name}")
+        if stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1):
             raise ValueError(
                 f"{run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
             )
@@ -848,35 +816,25 @@ def never_started(run_dir):
 
 
 def json_fits(value, kind):
-    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int)."""
-    origin, options = typing.get_origin(kind), typing.get_args(kind)
-    if origin is Literal:
-        return isinstance(value, str) and value in options
-    if origin is typing.Union:
-        return any(json_fits(value, option) for option in options)
-    return type(value) in ((int, float) if kind is float else (kind,))
-
-
-def type_words(kind):
-    """An Args field's type as json_fits reads it, in words."""
-    if typing.get_origin(kind) is Literal:
-        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int), and
+    that type in words."""
     if typing.get_origin(kind) is typing.Union:
-        return " or ".join(map(type_words, typing.get_args(kind)))
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
+        fits = [json_fits(value, option) for option in typing.get_args(kind)]
+        return any(fit for fit, _ in fits), " or ".join(words for _, words in fits)
+    if typing.get_origin(kind) is Literal:
+        words = "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+        return isinstance(value, str) and value in typing.get_args(kind), words
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
+    return type(value) in ((int, float) if kind is float else (kind,)), words
 
 
 def read_saved_args(run_dir):
     """The Args saved in a run's args.json; ValueError naming the first key that is missing, unknown or mistyped, or
-    the keys changed since the run started (the digests in run.json)."""
-    path = f"{run_dir}/args.json"
+    the keys changed since the run started (the digests in run.json), or if run.json holds no run of this script."""
+    started, path = read_run_record(run_dir).get("args_sha256"), f"{run_dir}/args.json"
     if not os.path.isfile(path):
-        never = never_started(os.path.dirname(path))
-        raise ValueError(
-            f"{path} is missing: "
-            + ("the run never started; --auto-resume or " if never else "")
-            + "--overwrite starts it afresh"
-        )
+        never = "the run never started; --auto-resume or " if never_started(run_dir) else ""
+        raise ValueError(f"{path} is missing: {never}--overwrite starts it afresh")
     saved = read_json(path)
     if not isinstance(saved, dict):
         raise ValueError(f"{path} is not a JSON object")
@@ -885,9 +843,9 @@ def read_saved_args(run_dir):
     if missing or unknown:
         raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
     for name, kind in kinds.items():
-        if not json_fits(saved[name], kind):
-            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(saved[name])}")
-    started = read_run_record(run_dir).get("args_sha256")
+        fits, words = json_fits(saved[name], kind)
+        if not fits:
+            raise ValueError(f"{path}: {name} must be {words}, got {json.dumps(saved[name])}")
     changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
     if changed:
         raise ValueError(
@@ -964,10 +922,9 @@ def read_checkpoint(run_dir):
     """The run's checkpoint, or None if it has none yet; ValueError if it cannot be read or is not this run's.
     checkpoint.prev.pt is taken only where checkpoint.pt is missing (a crash between save_checkpoint's renames)."""
     path, previous = f"{run_dir}/checkpoint.pt", f"{run_dir}/checkpoint.prev.pt"
-    if not os.path.exists(path):
-        if not os.path.exists(previous):
-            return None
-        path = previous
+    if not os.path.exists(path) and not os.path.exists(previous):
+        return None
+    path = path if os.path.exists(path) else previous
     run_id = read_run_record(run_dir)["run_id"]
     try:
         return load_checkpoint(path, run_id)
@@ -986,18 +943,14 @@ def parse_args(argv=None) -> Args:
     try:
         args = tyro_cli(argv)
         check_text(args)
-        args = in_a_sweep(args)
-        holder = args.run_dir and lock_holder(args.run_dir)
-        if holder:  # whatever else would be said of the folder, its run is in progress
-            raise ValueError(f"{args.run_dir} is in use by {holder}")
+        args = with_sweep_run_dir(args)
+        if args.run_dir:  # whatever else would be said of the folder, its run is in progress
+            lock_run_dir(args.run_dir, look_only=True)
         if args.resume and args.run_dir and not args.overwrite:
             # Resume with the saved arguments as defaults; the command line may change only RESUME_MAY_CHANGE.
-            read_run_record(args.run_dir)
-            saved = read_saved_args(args.run_dir)
-            saved = dataclasses.replace(saved, resume=False, overwrite=False)
+            saved = dataclasses.replace(read_saved_args(args.run_dir), resume=False, overwrite=False)
             args = tyro_cli(argv, default=saved)
-            saved_values = dataclasses.asdict(saved).items()
-            changed = [k for k, v in saved_values if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
+            changed = [k for k, v in dataclasses.asdict(saved).items() if v != getattr(args, k) and k not in RESUME_MAY_CHANGE]
             if changed:
                 raise ValueError(f"--resume keeps the run's arguments; cannot change {', '.join(changed)}")
         if args.env_threads > 1 and args.env_backend == "gymnasium":  # chosen: auto's choice leaves a launcher's cores
@@ -1019,21 +972,17 @@ def parse_args(argv=None) -> Args:
 def resume_if_same_run(args):
     """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
     else refused (ValueError); a folder without a run, or with one that never started, starts it."""
-    if not os.path.exists(f"{args.run_dir}/run.json"):
+    if not os.path.exists(f"{args.run_dir}/run.json") or never_started(args.run_dir):  # check_run_dir reads run.json
         return args
-    read_run_record(args.run_dir)
-    if never_started(args.run_dir):
-        return args
-    saved = dataclasses.asdict(read_saved_args(args.run_dir))
-    changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in dataclasses.asdict(args).items() if v != saved[k]]
-    changed = [words for words in changed if words.split()[0] not in RESUME_MAY_CHANGE]
+    saved, here = dataclasses.asdict(read_saved_args(args.run_dir)), dataclasses.asdict(args).items()
+    changed = [f"{k} {saved[k]!r} there, {v!r} here" for k, v in here if v != saved[k] and k not in RESUME_MAY_CHANGE]
     if changed:
         listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
         raise ValueError(f"{args.run_dir} holds another run ({listed}): choose another --run-dir")
     return dataclasses.replace(args, resume=True)
 
 
-def in_a_sweep(args):
+def with_sweep_run_dir(args):
     """Started by a wandb sweep's agent without --run-dir: the folder runs/sweep-<sweep id>/<run id>, with --auto-resume,
     so that the agent's rerun of a preempted run (same WANDB_RUN_ID, same arguments) continues it, not starts over."""
     sweep_id, run_id = os.environ.get("WANDB_SWEEP_ID", ""), os.environ.get("WANDB_RUN_ID", "")
@@ -1059,9 +1008,8 @@ def open_own_file(path, flags):
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise LinkedFile(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+        symbolic = LinkedFile(errno.ELOOP, f"{path} is a symbolic link, which a run writes nothing through", path)
+        raise symbolic if e.errno == errno.ELOOP else e
     found = os.fstat(fd)
     if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:
         return fd
@@ -1095,13 +1043,13 @@ def write_json(path, value):
 
 def quiet_writer_thread(exception):
     """threading.excepthook: TensorBoard's writer thread keeps a write error for the main thread, which raises it at
-    its next write (under `writing`), and then also raises it itself: that second report would be a traceback."""
+    its next write (under `exit_on_write_error`), and then also raises it itself: that second report would be a traceback."""
     if not (isinstance(exception.exc_value, OSError) and type(exception.thread).__name__ == "_AsyncWriterThread"):
         sys.__excepthook__(exception.exc_type, exception.exc_value, exception.exc_traceback)
 
 
 @contextlib.contextmanager
-def writing(path):
+def exit_on_write_error(path):
     """A fault while the run writes its folder (disk full, a read-only or vanished folder) ends it with one line and
     exit code 1; what write_atomically wrote keeps its last whole version."""
     try:
@@ -1110,27 +1058,36 @@ def writing(path):
         raise SystemExit(f"error: cannot write {path}: {e.strerror or e}")
 
 
-def lock_run_dir(run_dir):
-    """Take run_dir's lock, run.lock (a POSIX lock: held until the process ends, however it ends, and honoured
-    over NFS). Returns None, or what the lock file says of the process that holds it."""
+def lock_run_dir(run_dir, look_only=False):
+    """Take run_dir's lock, run.lock (a POSIX lock: held until the process ends, however it ends, and honoured over
+    NFS); ValueError naming the process that holds it, as the lock file says. look_only (parse_args): make and write
+    nothing, and let the lock go at once (a lock this process holds is not tested: closing any descriptor of the file
+    would release it)."""
+    path = f"{run_dir}/run.lock"
     try:
-        fd = open_own_file(f"{run_dir}/run.lock", os.O_RDWR | os.O_CREAT)
-    except LinkedFile as e:
-        raise ValueError(f"{e.strerror}: remove it, or choose another --run-dir")
+        if look_only and any(os.path.samestat(os.lstat(path), os.fstat(fd)) for fd in RUN_LOCKS.values()):
+            return
+        fd = open_own_file(path, os.O_RDWR | (0 if look_only else os.O_CREAT))
+    except OSError as e:
+        if look_only:  # no lock file, or a link (which check_run_dir refuses)
+            return
+        raise ValueError(f"{e.strerror}: remove it, or choose another --run-dir") if isinstance(e, LinkedFile) else e
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EAGAIN):
-            holder = os.read(fd, 200).decode(errors="replace").strip()
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "a process that has not yet said which"
             os.close(fd)
-            return holder or "a process that has not yet said which"
-        # ENOLCK, EOPNOTSUPP, ...: a file system without locks
-        print(f"warning: {run_dir} cannot be locked ({e.strerror}): make sure no other process uses it", flush=True)
+            raise ValueError(f"{run_dir} is in use by {holder}")
+        if not look_only:  # ENOLCK, EOPNOTSUPP, ...: a file system without locks
+            print(f"warning: {run_dir} cannot be locked ({e.strerror}): make sure no other process uses it", flush=True)
+    if look_only:
+        os.close(fd)
+        return
     with contextlib.suppress(OSError):  # a note for the message above; a full disk is reported where it matters
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
     RUN_LOCKS[run_dir] = fd
-    return None
 
 
 def claim_run_dir(args, run_name):
@@ -1139,16 +1096,14 @@ def claim_run_dir(args, run_name):
     if args.run_dir:
         created = not os.path.exists(args.run_dir)
         os.makedirs(args.run_dir, exist_ok=True)
-        holder = lock_run_dir(args.run_dir)
-        if holder:
-            raise ValueError(f"{args.run_dir} is in use by {holder}")
+        lock_run_dir(args.run_dir)
         return args.run_dir, created
     for n in itertools.count(1):
         run_dir = f"runs/{run_name}" + (f"-{n}" if n > 1 else "")
-        with contextlib.suppress(FileExistsError):
+        with contextlib.suppress(FileExistsError, ValueError):
             os.makedirs(run_dir)
-            if not lock_run_dir(run_dir):
-                return run_dir, True
+            lock_run_dir(run_dir)
+            return run_dir, True
 
 
 def release_run_dir(run_dir, undo=None):
@@ -1191,22 +1146,16 @@ def remove_wandb_files(run_dir, keep=None, only=None):
         os.rmdir(folder)
 
 
-def run_has_finished(run_dir):
-    """Whether the run wrote its summary at the end, not after a signal (tools/grid/run_records.py's rule)."""
-    with contextlib.suppress(ValueError):
-        summary = read_json(f"{run_dir}/summary.json")
-        return isinstance(summary, dict) and summary.get("interrupted") is False
-    return False
-
-
 def start_run(args):
     """Everything before the envs and the model: the run folder (claimed, then run.json and args.json for a new
     run), the checkpoint to resume from (or None), the signal handlers, wandb, TensorBoard, the seeds and the
     device. Returns (run_dir, checkpoint, stop, writer, rng, device). A start that fails after taking the folder
     leaves it as it found it and exits with code 2."""
-    if args.resume and run_has_finished(args.run_dir):
-        print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
-        sys.exit(0)
+    with contextlib.suppress(ValueError):  # the run wrote its summary at the end, not after a signal: it has finished
+        summary = read_json(f"{args.run_dir}/summary.json") if args.resume else None
+        if isinstance(summary, dict) and summary.get("interrupted") is False:  # tools/grid/run_records.py's rule
+            print(f"{args.run_dir}: the run has finished; nothing to do", flush=True)
+            sys.exit(0)
     run_name = default_run_name(args)
     try:
         run_dir, created = claim_run_dir(args, run_name)
@@ -1215,12 +1164,12 @@ def start_run(args):
     except OSError as e:
         refuse(f"cannot write the run folder {args.run_dir or 'runs'}: {e.strerror}")
     run_name = run_name if args.run_dir else os.path.basename(run_dir)
-    run_id, replacing = uuid.uuid4().hex, False
+    run_id, replacing, wandb_id = uuid.uuid4().hex, False, None
     try:
         check_run_dir(dataclasses.replace(args, run_dir=run_dir))  # again: now no other process can change it
         checkpoint = read_checkpoint(run_dir) if args.resume else None
         run_record = read_run_record(run_dir) if args.resume else {"run_id": run_id}
-        run_id, wandb_id = run_record["run_id"], None
+        run_id = run_record["run_id"]
         if args.track:
             import wandb
 
@@ -1265,10 +1214,8 @@ def start_run(args):
     stop = stop_on_signals()
     threading.excepthook = quiet_writer_thread
     # On resume, TensorBoard drops what a killed run logged after its last checkpoint (all of it, if it had none).
-    purge_step = None
-    if args.resume:
-        purge_step = 0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1
-    with writing(run_dir):
+    purge_step = (0 if checkpoint is None else checkpoint["progress"]["global_step"] + 1) if args.resume else None
+    with exit_on_write_error(run_dir):
         before = set(os.listdir(run_dir))
         writer = SummaryWriter(run_dir, purge_step=purge_step)
         for name in set(os.listdir(run_dir)) - before:  # TensorBoard's events file of this start
@@ -1457,7 +1404,7 @@ def save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_retur
         run_id = read_run_record(run_dir)["run_id"]
     except ValueError as e:  # run.json removed or altered while the run was going
         raise SystemExit(f"error: {e}; no checkpoint can be written")
-    with writing(path):
+    with exit_on_write_error(path):
         digest = hashlib.sha256(payload).hexdigest()
         header = json.dumps({"script": SCRIPT, "format": RUN_FORMAT, "run_id": run_id, "sha256": digest})
         header = header.encode().ljust(CHECKPOINT_HEADER_BYTES - 1) + b"\n"
@@ -1557,7 +1504,7 @@ def log_iteration(writer, args, progress, episodes, scalars):
 def log_row(writer, args, row, step):
     """Scalars at one environment step, to TensorBoard and (--track) to wandb, whose own step is the environment
     step: wandb drops a step logged again, so an iteration redone after a kill (the same bits) counts once."""
-    with writing(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
+    with exit_on_write_error(writer.log_dir):  # TensorBoard's writer thread raises its write errors here
         for tag, value in row.items():
             writer.add_scalar(tag, value, step)
     if args.track and not WANDB_LOST:
@@ -1626,12 +1573,10 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
     signal), summary.json; then everything is closed, and a stopped run exits as if the signal had ended it."""
     if args.save_model:
         model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
-        obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+        dims = {"obs_dim": envs.single_observation_space.shape[0], "act_dim": envs.single_action_space.shape[0]}
         model = io.BytesIO()
-        torch.save(
-            {"agent": agent.state_dict(), "obs_dim": obs_dim, "act_dim": act_dim, "args": dataclasses.asdict(args)}, model
-        )
-        with writing(model_path):
+        torch.save({"agent": agent.state_dict(), **dims, "args": dataclasses.asdict(args)}, model)
+        with exit_on_write_error(model_path):
             record_written(run_dir, os.path.basename(model_path))
             write_atomically(model_path, model.getvalue())
         print(f"model saved to {model_path}")
@@ -1652,7 +1597,7 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
         "eval_return": float(np.mean(eval_returns)) if eval_returns else None,
         "interrupted": bool(stop),
     }
-    with writing(run_dir):
+    with exit_on_write_error(run_dir):
         write_json(f"{run_dir}/summary.json", summary)
         writer.flush()  # raises what the writer thread could not write; close() would not
         writer.close()
