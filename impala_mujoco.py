@@ -8,7 +8,7 @@ IMPALA (docs/method.md §3.3): before every minibatch step, V-trace with the *cu
 the whole batch, giving value targets v_t and the policy-gradient advantage rho_t (r_t + gamma_t v_{t+1} - V(s_t)); the
 policy loss is -mean(A * log pi_theta). That repeated pass is the cost VACO's one-time realignment avoids.
 
-Reading order: the algorithm's functions, then `main` (the training loop), then the run's plumbing.
+Reading order: the algorithm's functions, the envs and the rollout, `main` (the training loop), the run's plumbing.
 
 Usage: python impala_mujoco.py --env-id Hopper-v5 --lag 4
 """
@@ -317,10 +317,289 @@ def collect_rollout(envs, actor_groups, next_obs, episode_stats, num_steps):
     return next_obs, (obs, actions, logprobs, env_next_obs, env_rewards, env_terminations, env_dones)
 
 
+# ==================================================================================================
+# The environments and the rollout: identical in all four MuJoCo scripts: edit them here, in ppo_mujoco.py, then
+# copy them into the others with `python -m tools.sync_plumbing` (tests/test_mujoco_common.py checks it).
+# What main's data and logs are: the two env backends (each step's final observation, which V(s') bootstraps from),
+# the episode statistics, which policy acts in an overlapped rollout, a run's first state, the logs, the evaluation.
+# ==================================================================================================
+
+import concurrent.futures
+import dataclasses
+
+import gymnasium as gym
+import mujoco
+
+
+def make_env(env_id, idx, capture_video, run_dir, max_episode_steps=None):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", max_episode_steps=max_episode_steps)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
+        else:
+            env = gym.make(env_id, max_episode_steps=max_episode_steps)
+        return env
+
+    return thunk
+
+
+class GymnasiumEnvs:
+    """gymnasium's SyncVectorEnv in same-step autoreset mode: the observation returned at an episode end is
+    already the next episode's first one, and the true final observation comes back as `final_obs`."""
+
+    def __init__(self, env_id, num_envs, seed, capture_video=False, run_dir=None, max_episode_steps=None):
+        self.envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, i, capture_video, run_dir, max_episode_steps) for i in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        self.seed = seed
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+
+    def reset(self):
+        return self.envs.reset(seed=self.seed)[0]
+
+    def step(self, actions):
+        """Returns (next_obs, reward, terminated, truncated, final_obs); final_obs == next_obs where not done."""
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        final_obs = obs
+        if "_final_obs" in info:
+            final_obs = obs.copy()
+            ended = info["_final_obs"]
+            final_obs[ended] = np.stack(info["final_obs"][ended])
+        return obs, reward, terminated, truncated, final_obs
+
+    def get_state(self):
+        """What the envs' future depends on: each env's full MuJoCo state, RNG and time-limit counter."""
+        states = []
+        for env in self.envs.envs:
+            sim = env.unwrapped
+            physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+            mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
+            elapsed_steps = env.get_wrapper_attr("_elapsed_steps")
+            states.append((torch.from_numpy(physics), sim.np_random.bit_generator.state, elapsed_steps))
+        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs.copy())}
+
+    def set_state(self, state):
+        for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
+            sim = env.unwrapped
+            mujoco.mj_setState(sim.model, sim.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+            sim.np_random.bit_generator.state = rng_state
+            env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
+        self.envs._autoreset_envs = state["autoreset"].numpy().copy()
+
+    def close(self):
+        self.envs.close()
+
+
+class EnvPoolEnvs:
+    """EnvPool as GymnasiumEnvs. EnvPool resets an env on the step *after* its episode ended (reward 0, the action
+    ignored); we take that step for the ended envs at once, so it never reaches the rollout buffer."""
+
+    def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
+        import envpool
+
+        kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+        self.envs = envpool.make(
+            env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads or os.cpu_count(), **kwargs
+        )
+        self.single_observation_space = self.envs.observation_space
+        self.single_action_space = self.envs.action_space
+
+    def reset(self):
+        return self.envs.reset()[0]
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        final_obs = obs
+        ended = np.flatnonzero(terminated | truncated)
+        if len(ended):
+            obs = obs.copy()
+            idle_actions = np.zeros((len(ended),) + self.single_action_space.shape, dtype=actions.dtype)
+            reset_obs, _, _, _, reset_info = self.envs.step(idle_actions, ended)
+            obs[reset_info["env_id"]] = reset_obs
+        return obs, reward, terminated, truncated, final_obs
+
+    def get_state(self):
+        return None  # EnvPool's C++ envs cannot be saved: after a resume their episodes restart
+
+    def close(self):
+        self.envs.close()
+
+
+def make_envs(args, run_dir):
+    """The vector env of --env-backend (parse_args has resolved auto)."""
+    if args.env_backend == "envpool":
+        return EnvPoolEnvs(args.env_id, args.num_envs, args.seed, args.env_threads)
+    return GymnasiumEnvs(args.env_id, args.num_envs, args.seed, args.capture_video, run_dir)
+
+
+class EpisodeStats:
+    """Return and length of each env's episode in progress, and of those finished since the last take_finished."""
+
+    def __init__(self, num_envs):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        self.finished_returns, self.finished_lengths = [], []
+
+    def step(self, reward, done):
+        self.returns += reward
+        self.lengths += 1
+        if done.any():
+            self.finished_returns.extend(self.returns[done])
+            self.finished_lengths.extend(self.lengths[done])
+            self.returns[done] = 0.0
+            self.lengths[done] = 0
+
+    def take_finished(self):
+        """The returns and lengths of the episodes finished since the last call."""
+        finished = self.finished_returns, self.finished_lengths
+        self.finished_returns, self.finished_lengths = [], []
+        return finished
+
+
+class Rollouts:
+    """Where main's rollouts run. With --overlap (--lag-mode fixed, --lag K >= 1), the next rollout's policy, the oldest
+    entry of the buffer after the next append, is known before the update starts: that rollout then runs during the
+    update, in a second thread, with the same arithmetic (the update draws no random numbers; the rollout's envs,
+    action noise and episode counts are its own). What it changes that a checkpoint of this iteration holds (the envs,
+    torch's generator, the episodes in progress) is copied before it starts (docs/throughput.md#overlap)."""
+
+    def __init__(self, args):
+        self.args, self.pool, self.next, self.at_end = args, concurrent.futures.ThreadPoolExecutor(1), None, None
+
+    def collect(self, envs, actor_groups, next_obs, episode_stats):
+        """This iteration's rollout: the one that ran during the last update, or one collected now."""
+        if self.next is None:
+            return collect_rollout(envs, actor_groups, next_obs, episode_stats, self.args.num_steps)
+        started, self.next = self.next, None
+        return started.result()
+
+    def start_next(self, iteration, stop, policy_buffer, envs, next_obs, episode_stats):
+        args, self.at_end = self.args, None
+        if args.overlap and not stop and iteration < args.num_iterations:
+            self.at_end = rollout_state(envs, episode_stats)
+            actors = [(policy_buffer[len(policy_buffer) == policy_buffer.maxlen], slice(None))]  # oldest after append
+            self.next = self.pool.submit(collect_rollout, envs, actors, next_obs, episode_stats, args.num_steps)
+
+    def state_at_iteration_end(self, stop, envs, episode_stats):
+        """The rollout's side of this iteration's checkpoint. After a signal the next rollout, if one runs, is waited
+        for and dropped: the run stops here, as it would one step after the other, and its envs close after it."""
+        if stop and self.next is not None:
+            self.next.result()
+            self.next = None
+        return self.at_end or rollout_state(envs, episode_stats)
+
+
+def rollout_state(envs, episode_stats):
+    """What a checkpoint holds that a rollout changes: the envs, torch's generators, the episodes in progress."""
+    return {
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "envs": envs.get_state(),
+        "episode_stats": (episode_stats.returns.copy(), episode_stats.lengths.copy()),
+    }
+
+
+@dataclass
+class Progress:
+    """Where the run stands. A checkpoint holds it as a plain dict: torch.load(weights_only=True) refuses classes."""
+
+    global_step: int = 0
+    iteration: int = 0
+    final_tv: float = float("nan")  # TV(pi_theta, beta) after the last update
+    rollout_seconds: float = 0.0
+    update_seconds: float = 0.0
+    elapsed: float = 0.0  # wall-clock seconds up to the checkpoint (a resumed run counts them)
+    # (global_step, mean episodic return) of every iteration that finished an episode
+    return_history: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.start_time = time.time() - self.elapsed
+
+    def seconds(self):
+        """Wall-clock seconds since the run started, a resumed run's earlier processes included."""
+        return time.time() - self.start_time
+
+
+def initial_state(args, envs, device):
+    """Where a new run starts: (progress, next_obs, discounted_return, episode_stats), the first observations those of
+    the envs' seeded reset (a resumed run's are then the checkpoint's: restore_checkpoint)."""
+    next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
+    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
+    return Progress(), next_obs, discounted_return, EpisodeStats(args.num_envs)
+
+
+def log_iteration(writer, args, progress, episodes, scalars):
+    """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
+    step, (finished_returns, finished_lengths) = progress.global_step, episodes
+    sps = int(step / progress.seconds())
+    row = {}
+    if finished_returns:
+        progress.return_history.append((step, float(np.mean(finished_returns))))
+        row |= {"charts/episodic_return": np.mean(finished_returns), "charts/episodic_length": np.mean(finished_lengths)}
+    row |= scalars
+    row |= {"perf/rollout_seconds": progress.rollout_seconds, "perf/update_seconds": progress.update_seconds}
+    log_row(writer, args, row | {"charts/SPS": sps}, step)
+    last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
+    where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
+    # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
+    # the end is not counted.
+    elapsed = progress.seconds()
+    left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
+    times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
+    print(f"{where} | SPS {sps:,} | {times} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
+
+
+def hours_minutes_seconds(seconds):
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def load_agent(path):
+    """Rebuild a saved agent (weights and observation statistics) for evaluation."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    agent = Agent(saved["obs_dim"], saved["act_dim"])
+    agent.load_state_dict(saved["agent"])
+    return agent
+
+
+def evaluate(agent, env_id, episodes, seed):
+    """Deterministic evaluation: the mean action, with the observation statistics frozen inside the agent."""
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, episodic_return = False, 0.0
+        while not done:
+            with torch.no_grad():
+                action = agent.get_dist(torch.as_tensor(obs, dtype=torch.float32)[None]).mean[0]
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
+            episodic_return += float(reward)
+            done = terminated or truncated
+        returns.append(episodic_return)
+    env.close()
+    return returns
+
+
+# ==================================================================================================
+# End of the environments and the rollout.
+# ==================================================================================================
+
+
 def main(args):
     """The training loop: simulated asynchrony (the policy buffer), the rollout, the update of the method, the
-    logs and checkpoints. Everything it calls that is not the algorithm is in the plumbing below."""
-    run_dir, checkpoint, stop, writer, rng, device = start_run(args)
+    logs and checkpoints. Below it, in the plumbing, are only the run's start (start_run), its checkpoints (Learner,
+    restore_checkpoint, save_checkpoint) and its end (finish)."""
+    run_dir, checkpoint, stop, writer = start_run(args)
+
+    # TRY NOT TO MODIFY: seeding
+    rng = np.random.default_rng(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if args.cuda else "cpu")  # check_args refused --cuda without a device
+    print(f"device: {device}" + (f" ({torch.cuda.get_device_name(device)})" if args.cuda else ""), flush=True)
     envs = make_envs(args, run_dir)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
 
@@ -334,7 +613,10 @@ def main(args):
     rollouts = Rollouts(args)  # with --overlap, the next rollout runs during the update where the lag allows it exactly
 
     learner = Learner(agent, optimizer, policy_buffer, return_rms, rng)
-    progress, next_obs, discounted_return, episode_stats = restore(args, checkpoint, envs, device, learner)
+    state = initial_state(args, envs, device)
+    if checkpoint is not None:  # a resumed run goes on where its checkpoint left off
+        state = restore_checkpoint(checkpoint, envs, device, learner, state)
+    progress, next_obs, discounted_return, episode_stats = state
 
     # The method's symbols (docs/method.md §1) and their names here: beta, the behaviour policy, is `logprobs`
     # (log beta(a|s) of the actor's snapshot); pi_T, the learner before the update, `start_logprobs`; pi_theta, the
@@ -481,14 +763,14 @@ def main(args):
 # ==================================================================================================
 # The run's plumbing: identical in all four MuJoCo scripts: edit it here, in ppo_mujoco.py, then copy it into the
 # others with `python -m tools.sync_plumbing` (tests/test_mujoco_common.py checks it).
-# Validation, the run folder, checkpoints, the two vector-env backends, signals, logging, saving and
-# evaluation: nothing below is the algorithm, which reads above (the functions and main).
+# The arguments and their checks, the run folder and its lock, checkpoints' bytes, signals, TensorBoard's and wandb's
+# writers, the saved model and summary.json: what keeps the user's data and drives the run. Given the arguments,
+# nothing below decides what the algorithm sees or what a logged number means: that reads above (the algorithm, the
+# environments and the rollout, and main).
 # ==================================================================================================
 
 import collections
-import concurrent.futures
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -505,8 +787,6 @@ import typing
 import uuid
 import warnings
 
-import gymnasium as gym
-import mujoco
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
@@ -556,30 +836,9 @@ WANDB_LOST = []  # why wandb stopped taking this process's scalars (log_row), if
 
 
 @dataclass
-class Progress:
-    """Where the run stands. A checkpoint holds it as a plain dict: torch.load(weights_only=True) refuses classes."""
-
-    global_step: int = 0
-    iteration: int = 0
-    final_tv: float = float("nan")  # TV(pi_theta, beta) after the last update
-    rollout_seconds: float = 0.0
-    update_seconds: float = 0.0
-    elapsed: float = 0.0  # wall-clock seconds up to the checkpoint (a resumed run counts them)
-    # (global_step, mean episodic return) of every iteration that finished an episode
-    return_history: list = dataclasses.field(default_factory=list)
-
-    def __post_init__(self):
-        self.start_time = time.time() - self.elapsed
-
-    def seconds(self):
-        """Wall-clock seconds since the run started, a resumed run's earlier processes included."""
-        return time.time() - self.start_time
-
-
-@dataclass
 class Learner:
-    """The learner's state that a checkpoint saves and restore sets, besides the progress, the envs and the episodes
-    in progress (main's `next_obs`, `discounted_return`, `episode_stats`)."""
+    """The learner's state that a checkpoint saves and restore_checkpoint sets, besides the progress, the envs and
+    the episodes in progress (main's `next_obs`, `discounted_return`, `episode_stats`)."""
 
     agent: nn.Module
     optimizer: optim.Optimizer
@@ -1147,10 +1406,9 @@ def remove_wandb_files(run_dir, keep=None, only=None):
 
 
 def start_run(args):
-    """Everything before the envs and the model: the run folder (claimed, then run.json and args.json for a new
-    run), the checkpoint to resume from (or None), the signal handlers, wandb, TensorBoard, the seeds and the
-    device. Returns (run_dir, checkpoint, stop, writer, rng, device). A start that fails after taking the folder
-    leaves it as it found it and exits with code 2."""
+    """Everything before the seeds, the envs and the model: the run folder (claimed, then run.json and args.json for a
+    new run), the checkpoint to resume from (or None), the signal handlers, wandb, TensorBoard. Returns (run_dir,
+    checkpoint, stop, writer). A start that fails after taking the folder leaves it as it found it and exits with code 2."""
     with contextlib.suppress(ValueError):  # the run wrote its summary at the end, not after a signal: it has finished
         summary = read_json(f"{args.run_dir}/summary.json") if args.resume else None
         if isinstance(summary, dict) and summary.get("interrupted") is False:  # tools/grid/run_records.py's rule
@@ -1224,118 +1482,7 @@ def start_run(args):
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     if args.track and checkpoint is not None:
         replay_to_wandb(run_dir, checkpoint["progress"]["global_step"])
-
-    # TRY NOT TO MODIFY: seeding
-    rng = np.random.default_rng(args.seed)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.torch_threads)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if args.cuda else "cpu")  # check_args refused --cuda without a device
-    print(f"device: {device}" + (f" ({torch.cuda.get_device_name(device)})" if args.cuda else ""), flush=True)
-    return run_dir, checkpoint, stop, writer, rng, device
-
-
-def make_env(env_id, idx, capture_video, run_dir, max_episode_steps=None):
-    def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", max_episode_steps=max_episode_steps)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos")
-        else:
-            env = gym.make(env_id, max_episode_steps=max_episode_steps)
-        return env
-
-    return thunk
-
-
-class GymnasiumEnvs:
-    """gymnasium's SyncVectorEnv in same-step autoreset mode: the observation returned at an episode end is
-    already the next episode's first one, and the true final observation comes back as `final_obs`."""
-
-    def __init__(self, env_id, num_envs, seed, capture_video=False, run_dir=None, max_episode_steps=None):
-        self.envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, i, capture_video, run_dir, max_episode_steps) for i in range(num_envs)],
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
-        self.seed = seed
-        self.single_observation_space = self.envs.single_observation_space
-        self.single_action_space = self.envs.single_action_space
-
-    def reset(self):
-        return self.envs.reset(seed=self.seed)[0]
-
-    def step(self, actions):
-        """Returns (next_obs, reward, terminated, truncated, final_obs); final_obs == next_obs where not done."""
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        final_obs = obs
-        if "_final_obs" in info:
-            final_obs = obs.copy()
-            ended = info["_final_obs"]
-            final_obs[ended] = np.stack(info["final_obs"][ended])
-        return obs, reward, terminated, truncated, final_obs
-
-    def get_state(self):
-        """What the envs' future depends on: each env's full MuJoCo state, RNG and time-limit counter."""
-        states = []
-        for env in self.envs.envs:
-            sim = env.unwrapped
-            physics = np.empty(mujoco.mj_stateSize(sim.model, mujoco.mjtState.mjSTATE_INTEGRATION))
-            mujoco.mj_getState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
-            elapsed_steps = env.get_wrapper_attr("_elapsed_steps")
-            states.append((torch.from_numpy(physics), sim.np_random.bit_generator.state, elapsed_steps))
-        return {"envs": states, "autoreset": torch.from_numpy(self.envs._autoreset_envs.copy())}
-
-    def set_state(self, state):
-        for env, (physics, rng_state, elapsed_steps) in zip(self.envs.envs, state["envs"]):
-            sim = env.unwrapped
-            mujoco.mj_setState(sim.model, sim.data, physics.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-            sim.np_random.bit_generator.state = rng_state
-            env.set_wrapper_attr("_elapsed_steps", elapsed_steps)
-        self.envs._autoreset_envs = state["autoreset"].numpy().copy()
-
-    def close(self):
-        self.envs.close()
-
-
-class EnvPoolEnvs:
-    """EnvPool as GymnasiumEnvs. EnvPool resets an env on the step *after* its episode ended (reward 0, the action
-    ignored); we take that step for the ended envs at once, so it never reaches the rollout buffer."""
-
-    def __init__(self, env_id, num_envs, seed, num_threads=0, max_episode_steps=None):
-        import envpool
-
-        kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-        self.envs = envpool.make(
-            env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads or os.cpu_count(), **kwargs
-        )
-        self.single_observation_space = self.envs.observation_space
-        self.single_action_space = self.envs.action_space
-
-    def reset(self):
-        return self.envs.reset()[0]
-
-    def step(self, actions):
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        final_obs = obs
-        ended = np.flatnonzero(terminated | truncated)
-        if len(ended):
-            obs = obs.copy()
-            idle_actions = np.zeros((len(ended),) + self.single_action_space.shape, dtype=actions.dtype)
-            reset_obs, _, _, _, reset_info = self.envs.step(idle_actions, ended)
-            obs[reset_info["env_id"]] = reset_obs
-        return obs, reward, terminated, truncated, final_obs
-
-    def get_state(self):
-        return None  # EnvPool's C++ envs cannot be saved: after a resume their episodes restart
-
-    def close(self):
-        self.envs.close()
-
-
-def make_envs(args, run_dir):
-    """The vector env of --env-backend (parse_args has resolved auto)."""
-    if args.env_backend == "envpool":
-        return EnvPoolEnvs(args.env_id, args.num_envs, args.seed, args.env_threads)
-    return GymnasiumEnvs(args.env_id, args.num_envs, args.seed, args.capture_video, run_dir)
+    return run_dir, checkpoint, stop, writer
 
 
 def stop_on_signals():
@@ -1352,29 +1499,6 @@ def stop_on_signals():
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     return received
-
-
-class EpisodeStats:
-    """Return and length of each env's episode in progress, and of those finished since the last take_finished."""
-
-    def __init__(self, num_envs):
-        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-        self.finished_returns, self.finished_lengths = [], []
-
-    def step(self, reward, done):
-        self.returns += reward
-        self.lengths += 1
-        if done.any():
-            self.finished_returns.extend(self.returns[done])
-            self.finished_lengths.extend(self.lengths[done])
-            self.returns[done] = 0.0
-            self.lengths[done] = 0
-
-    def take_finished(self):
-        """The returns and lengths of the episodes finished since the last call."""
-        finished = self.finished_returns, self.finished_lengths
-        self.finished_returns, self.finished_lengths = [], []
-        return finished
 
 
 def save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_return, at_end):
@@ -1411,14 +1535,11 @@ def save_checkpoint(args, run_dir, learner, progress, next_obs, discounted_retur
         write_atomically(path, header + payload, previous=f"{run_dir}/checkpoint.prev.pt")
 
 
-def restore(args, checkpoint, envs, device, learner):
-    """Where the run starts: (progress, next_obs, discounted_return, episode_stats) of a fresh run or, with a
-    checkpoint, where it left off; the learner's objects get their saved states (RNG states last)."""
-    next_obs = torch.tensor(envs.reset(), dtype=torch.float32, device=device)
-    discounted_return = np.zeros(args.num_envs, dtype=np.float32)
-    episode_stats = EpisodeStats(args.num_envs)
-    if checkpoint is None:
-        return Progress(), next_obs, discounted_return, episode_stats
+def restore_checkpoint(checkpoint, envs, device, learner, state):
+    """Where a resumed run left off: the learner's objects get their saved states (RNG states last), and `state`, a new
+    run's (initial_state), becomes the checkpoint's: its progress and, where its envs were saved (gymnasium), the
+    episodes in progress."""
+    _, next_obs, discounted_return, episode_stats = state
     learner.agent.load_state_dict(checkpoint["agent"])
     learner.optimizer.load_state_dict(checkpoint["optimizer"])
     for policy in checkpoint["policy_buffer"]:
@@ -1435,70 +1556,6 @@ def restore(args, checkpoint, envs, device, learner):
         next_obs = next_obs.to(device)
         discounted_return, episode_stats.returns, episode_stats.lengths = (x.numpy() for x in saved)
     return Progress(**checkpoint["progress"]), next_obs, discounted_return, episode_stats
-
-
-class Rollouts:
-    """Where main's rollouts run. With --overlap (--lag-mode fixed, --lag K >= 1), the next rollout's policy, the oldest
-    entry of the buffer after the next append, is known before the update starts: that rollout then runs during the
-    update, in a second thread, with the same arithmetic (the update draws no random numbers; the rollout's envs,
-    action noise and episode counts are its own). What it changes that a checkpoint of this iteration holds (the envs,
-    torch's generator, the episodes in progress) is copied before it starts (docs/throughput.md#overlap)."""
-
-    def __init__(self, args):
-        self.args, self.pool, self.next, self.at_end = args, concurrent.futures.ThreadPoolExecutor(1), None, None
-
-    def collect(self, envs, actor_groups, next_obs, episode_stats):
-        """This iteration's rollout: the one that ran during the last update, or one collected now."""
-        if self.next is None:
-            return collect_rollout(envs, actor_groups, next_obs, episode_stats, self.args.num_steps)
-        started, self.next = self.next, None
-        return started.result()
-
-    def start_next(self, iteration, stop, policy_buffer, envs, next_obs, episode_stats):
-        args, self.at_end = self.args, None
-        if args.overlap and not stop and iteration < args.num_iterations:
-            self.at_end = rollout_state(envs, episode_stats)
-            actors = [(policy_buffer[len(policy_buffer) == policy_buffer.maxlen], slice(None))]  # oldest after append
-            self.next = self.pool.submit(collect_rollout, envs, actors, next_obs, episode_stats, args.num_steps)
-
-    def state_at_iteration_end(self, stop, envs, episode_stats):
-        """The rollout's side of this iteration's checkpoint. After a signal the next rollout, if one runs, is waited
-        for and dropped: the run stops here, as it would one step after the other, and its envs close after it."""
-        if stop and self.next is not None:
-            self.next.result()
-            self.next = None
-        return self.at_end or rollout_state(envs, episode_stats)
-
-
-def rollout_state(envs, episode_stats):
-    """What a checkpoint holds that a rollout changes: the envs, torch's generators, the episodes in progress."""
-    return {
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "envs": envs.get_state(),
-        "episode_stats": (episode_stats.returns.copy(), episode_stats.lengths.copy()),
-    }
-
-
-def log_iteration(writer, args, progress, episodes, scalars):
-    """One iteration to TensorBoard (and so wandb): finished episodes, the algorithm's scalars, times; a line to stdout."""
-    step, (finished_returns, finished_lengths) = progress.global_step, episodes
-    sps = int(step / progress.seconds())
-    row = {}
-    if finished_returns:
-        progress.return_history.append((step, float(np.mean(finished_returns))))
-        row |= {"charts/episodic_return": np.mean(finished_returns), "charts/episodic_length": np.mean(finished_lengths)}
-    row |= scalars
-    row |= {"perf/rollout_seconds": progress.rollout_seconds, "perf/update_seconds": progress.update_seconds}
-    log_row(writer, args, row | {"charts/SPS": sps}, step)
-    last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
-    where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
-    # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
-    # the end is not counted.
-    elapsed = progress.seconds()
-    left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
-    times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
-    print(f"{where} | SPS {sps:,} | {times} | return {last_return:.1f} | final TV {progress.final_tv:.3f}")
 
 
 def log_row(writer, args, row, step):
@@ -1534,38 +1591,6 @@ def replay_to_wandb(run_dir, up_to):
                 rows[event.step][tag] = event.value
     for step in sorted(rows):
         wandb.log({**rows[step], "global_step": step}, step=step)
-
-
-def hours_minutes_seconds(seconds):
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-
-
-def load_agent(path):
-    """Rebuild a saved agent (weights and observation statistics) for evaluation."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    agent = Agent(saved["obs_dim"], saved["act_dim"])
-    agent.load_state_dict(saved["agent"])
-    return agent
-
-
-def evaluate(agent, env_id, episodes, seed):
-    """Deterministic evaluation: the mean action, with the observation statistics frozen inside the agent."""
-    env = gym.make(env_id)
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, episodic_return = False, 0.0
-        while not done:
-            with torch.no_grad():
-                action = agent.get_dist(torch.as_tensor(obs, dtype=torch.float32)[None]).mean[0]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action.numpy(), low, high))
-            episodic_return += float(reward)
-            done = terminated or truncated
-        returns.append(episodic_return)
-    env.close()
-    return returns
 
 
 def finish(args, run_dir, writer, envs, agent, progress, stop):

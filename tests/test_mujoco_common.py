@@ -31,7 +31,7 @@ from conftest import (
     run_script,
 )
 from tools import sync_plumbing
-from tools.sync_plumbing import plumbing_section
+from tools.sync_plumbing import common_sections
 
 COMMON_KEYS = {
     "charts/episodic_return",
@@ -233,59 +233,95 @@ def top_level_names(source):
     return names
 
 
-def test_plumbing_section_and_shared_blocks_are_identical_across_scripts():
-    """One banner-marked plumbing section, byte-identical in every script, holds everything that is not the
-    algorithm; the algorithm's shared building blocks are identical too (the diffs show only the algorithm)."""
+def test_common_sections_and_shared_blocks_are_identical_across_scripts():
+    """The two banner-marked common sections (the environments and the rollout; the run's plumbing), byte-identical
+    in every script, hold everything that is not the algorithm; the algorithm's shared building blocks are identical
+    too (the diffs show only the algorithm)."""
     sections, blocks = {}, {}
     for script in MUJOCO_SCRIPTS:
         path = ROOT / f"{script}.py"
         if not path.exists():
             continue
         text = path.read_text()
-        sections[script] = plumbing_section(text)
-        assert sections[script] is not None, f"{script} lacks the banner-marked plumbing section"
+        sections[script] = common_sections(text)
+        assert sections[script] is not None, f"{script} lacks a banner-marked common section"
         tree = ast.parse(text)
         names = {getattr(n, "name", None): n for n in tree.body}
         assert SHARED_BLOCKS <= set(names), f"{script} lacks {SHARED_BLOCKS - set(names)}"
         blocks[script] = {name: ast.get_source_segment(text, names[name]) for name in SHARED_BLOCKS}
-        assert not SHARED_BLOCKS & set(top_level_names(sections[script])), "shared blocks read with the algorithm"
+        assert not SHARED_BLOCKS & set(top_level_names("".join(sections[script]))), "shared blocks read with the algorithm"
     for script in sections:
-        assert sections[script] == sections["ppo_mujoco"], f"{script}'s plumbing section differs from ppo_mujoco's"
+        assert sections[script] == sections["ppo_mujoco"], f"{script}'s common sections differ from ppo_mujoco's"
         for name in SHARED_BLOCKS:
             assert blocks[script][name] == blocks["ppo_mujoco"][name], f"{script}.{name} differs from ppo_mujoco.{name}"
-    # What the section must hold: everything a run needs besides the algorithm.
-    plumbing = set(top_level_names(sections["ppo_mujoco"]))
-    expected = {"check_args", "parse_args", "start_run", "restore", "save_checkpoint", "finish", "log_iteration"}
-    expected |= {"GymnasiumEnvs", "EnvPoolEnvs", "load_agent", "evaluate", "stop_on_signals", "read_checkpoint"}
-    assert expected <= plumbing, expected - plumbing
+    # What each section must hold: above main, what the algorithm sees and what the logs mean; below, the run's files.
+    envs_and_rollout, plumbing = (set(top_level_names(section)) for section in sections["ppo_mujoco"])
+    above = {"make_env", "GymnasiumEnvs", "EnvPoolEnvs", "make_envs", "EpisodeStats", "Rollouts", "rollout_state"}
+    above |= {"Progress", "initial_state", "log_iteration", "load_agent", "evaluate"}
+    assert above <= envs_and_rollout, above - envs_and_rollout
+    below = {"check_args", "parse_args", "start_run", "restore_checkpoint", "save_checkpoint", "finish", "log_row"}
+    below |= {"stop_on_signals", "read_checkpoint"}
+    assert below <= plumbing, below - plumbing
 
 
-def test_plumbing_section_check_fails_on_a_drift_or_a_missing_banner():
+@pytest.mark.parametrize("script", existing_scripts())
+def test_main_calls_below_the_fence_only_the_runs_start_checkpoints_and_end(script):
+    """main reads top to bottom: what shapes its data (the envs, the seeds, the rollout, the first observation, the
+    logs) is above the plumbing's banner; below it, main calls only the run's start, its checkpoints and its end."""
+    text = (ROOT / f"{script}.py").read_text()
+    plumbing = set(top_level_names(common_sections(text)[-1]))
+    main = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    used = {node.id for node in ast.walk(main) if isinstance(node, ast.Name)}
+    assert used & plumbing == {"start_run", "Learner", "restore_checkpoint", "save_checkpoint", "finish"}
+    main_text = ast.get_source_segment(text, main)
+    # The seeds are main's, as in CleanRL: set after start_run, before the envs and the model.
+    assert main_text.index("start_run(") < main_text.index("torch.manual_seed(") < main_text.index("make_envs(")
+    assert "manual_seed" not in common_sections(text)[-1]
+
+
+def test_common_sections_check_fails_on_a_drift_or_a_missing_banner():
     text = (ROOT / "ppo_mujoco.py").read_text()
-    section = plumbing_section(text)
-    assert section is not None and "def check_args" in section and "class Agent" not in section
-    assert plumbing_section(text.replace(sync_plumbing.END, "# the end")) is None
-    assert plumbing_section(text + sync_plumbing.START + "\n") is None
-    drifted = text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1)
-    assert plumbing_section(drifted) != section
+    envs_and_rollout, plumbing = common_sections(text)
+    assert "class GymnasiumEnvs" in envs_and_rollout and "def main" not in envs_and_rollout
+    assert "def check_args" in plumbing and "class Agent" not in plumbing and "def main" not in plumbing
+    for start, end in sync_plumbing.SECTIONS:
+        assert common_sections(text.replace(end, "# the end")) is None
+        assert common_sections(text.replace(start, "# the start")) is None
+        assert common_sections(text + start + "\n") is None
+    (first_start, first_end), (second_start, second_end) = sync_plumbing.SECTIONS
+    swapped = text.replace(first_start, "@1").replace(first_end, "@2").replace(second_start, first_start)
+    swapped = swapped.replace(second_end, first_end).replace("@1", second_start).replace("@2", second_end)
+    assert common_sections(swapped) is None  # the plumbing above the environments and the rollout
+    drifted = common_sections(text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1))
+    assert drifted[0] == envs_and_rollout and drifted[1] != plumbing
+    drifted = common_sections(text.replace("AutoresetMode.SAME_STEP", "AutoresetMode.NEXT_STEP", 1))
+    assert drifted[0] != envs_and_rollout and drifted[1] == plumbing
 
 
-def test_sync_plumbing_copies_ppos_plumbing_and_check_finds_a_drift(tmp_path):
-    """The one command that copies the plumbing: --check names a drifted script and exits 1, the copy mends it and
-    touches nothing outside the plumbing; the repository's scripts pass --check."""
+def test_sync_plumbing_copies_ppos_common_sections_and_check_finds_a_drift(tmp_path):
+    """The one command that copies both common sections: --check names a drifted script and exits 1, the copy mends
+    it and touches nothing outside them; the repository's scripts pass --check."""
     check = subprocess.run([sys.executable, "-m", "tools.sync_plumbing", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     for script in MUJOCO_SCRIPTS:
         shutil.copy(ROOT / f"{script}.py", tmp_path)
-    drifted = tmp_path / "spo_mujoco.py"
-    original = drifted.read_text()
-    drifted.write_text(original.replace("ENVPOOL_FROM_NUM_ENVS = 4", "ENVPOOL_FROM_NUM_ENVS = 5").replace("SPO", "Spo", 1))
-    assert sync_plumbing.sync(tmp_path, check=True) == ["spo_mujoco"]
-    assert sync_plumbing.sync(tmp_path) == ["spo_mujoco"] and sync_plumbing.sync(tmp_path, check=True) == []
-    assert drifted.read_text() == original.replace("SPO", "Spo", 1)  # the algorithm's part is the script's own
-    drifted.write_text(original.replace(sync_plumbing.END, "# the end"))
-    with pytest.raises(ValueError, match="spo_mujoco.py: no single pair of plumbing banners"):
-        sync_plumbing.sync(tmp_path)
+    for drift in [
+        ("ENVPOOL_FROM_NUM_ENVS = 4", "ENVPOOL_FROM_NUM_ENVS = 5"),
+        ("AutoresetMode.SAME_STEP", "AutoresetMode.NEXT_STEP"),
+    ]:
+        drifted = tmp_path / "spo_mujoco.py"
+        original = drifted.read_text()
+        assert original.count(drift[0]) == 1, drift
+        drifted.write_text(original.replace(*drift).replace("SPO", "Spo", 1))
+        assert sync_plumbing.sync(tmp_path, check=True) == ["spo_mujoco"]
+        assert sync_plumbing.sync(tmp_path) == ["spo_mujoco"] and sync_plumbing.sync(tmp_path, check=True) == []
+        assert drifted.read_text() == original.replace("SPO", "Spo", 1)  # the algorithm's part is the script's own
+        drifted.write_text(original)
+    for _, end in sync_plumbing.SECTIONS:
+        drifted.write_text(original.replace(end, "# the end"))
+        with pytest.raises(ValueError, match="spo_mujoco.py: not one pair of each section's banners, in order"):
+            sync_plumbing.sync(tmp_path)
+        assert drifted.read_text() == original.replace(end, "# the end")  # nothing written
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])

@@ -71,7 +71,7 @@ def test_the_rollout_takes_one_torch_thread_and_the_update_torch_threads(script,
     calls, set_num_threads = [], torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n) or set_num_threads(n))
     run_in_process(script, *TINY, "--torch-threads", "2", "--run-dir", tmp_path)
-    # start_run's, then per iteration the rollout's and the update's (2 iterations); run_in_process resets it to 1
+    # main's seeding, then per iteration the rollout's and the update's (2 iterations); run_in_process resets it to 1
     assert calls == [2] + [1, 2] * 2 + [1]
 
 
