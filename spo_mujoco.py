@@ -437,7 +437,6 @@ class EpisodeStats:
             self.lengths[done] = 0
 
     def take_finished(self):
-        """The returns and lengths of the episodes finished since the last call."""
         finished = self.finished_returns, self.finished_lengths
         self.finished_returns, self.finished_lengths = [], []
         return finished
@@ -528,8 +527,7 @@ def log_iteration(writer, args, progress, episodes, scalars):
     log_row(writer, args, row | {"charts/SPS": sps}, step)
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
-    # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
-    # the end is not counted.
+    # The time left at the run's mean pace so far (Progress.seconds); the evaluation at the end is not counted.
     elapsed = progress.seconds()
     left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
     times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
@@ -805,14 +803,12 @@ CHECKPOINT_KEYS = {*"agent optimizer policy_buffer return_rms rng torch_rng cuda
 # and gives it an id, which each of its checkpoints repeats: a folder holds a run when it has run.json.
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 RUN_FORMAT = 1
-# What a run writes in its folder, besides the files its run.json records as written (TensorBoard's events, the model),
-# videos/, wandb/ (--track) and the temporary *.tmp of each: --overwrite removes these and nothing else.
+# What every run writes in its folder; with the rest that written_by_a_run names, all that --overwrite removes.
 RUN_FILES = {"run.json", "args.json", "checkpoint.pt", "checkpoint.prev.pt", "summary.json", "run.lock"}
 # Bytes per step of the batch that the rollout and the update hold at once, besides 4-byte floats per observation and
 # action dimension (check_args): the critic's two hidden layers over the batch and the per-step scalars.
 STEP_BYTES = 4 * (2 * 64 + 16)
-# A checkpoint file: a header line of this many bytes (JSON: script, format, run id and the SHA-256 of the
-# rest), then torch.save's bytes.
+# A checkpoint file: a JSON header line of this many bytes (save_checkpoint), then torch.save's bytes.
 CHECKPOINT_HEADER_BYTES = 256
 # What wandb writes in <run-dir>/wandb: a folder per start of the run (named by the start's time and the run's id)
 # and its links to the latest one.
@@ -956,8 +952,7 @@ def read_json(path):
 
 
 def read_run_record(run_dir):
-    """run_dir's run.json: the script and format that wrote the run, and its id; ValueError if it holds no run
-    of this script and format."""
+    """run_dir's run.json (see RUN_FORMAT); ValueError if it holds no run of this script and format."""
     path = f"{run_dir}/run.json"
     if not os.path.isfile(path):
         raise ValueError(f"{run_dir} holds no run (no run.json)")
