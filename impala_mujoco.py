@@ -320,8 +320,9 @@ def collect_rollout(envs, actor_groups, next_obs, episode_stats, num_steps):
 # ==================================================================================================
 # The environments and the rollout: identical in all four MuJoCo scripts: edit them here, in ppo_mujoco.py, then
 # copy them into the others with `python -m tools.sync_plumbing` (tests/test_mujoco_common.py checks it).
-# What main's data and logs are: the two env backends (each step's final observation, which V(s') bootstraps from),
-# the episode statistics, which policy acts in an overlapped rollout, a run's first state, the logs, the evaluation.
+# What main's data and logs are: the two env backends (each step's final observation, which V(s') bootstraps from)
+# and auto's choice of one, the episode statistics, which policy acts in an overlapped rollout, a run's first state,
+# the logs, the evaluation (its seeds and its log).
 # ==================================================================================================
 
 import concurrent.futures
@@ -427,6 +428,19 @@ class EnvPoolEnvs:
         self.envs.close()
 
 
+# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
+# SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
+ENVPOOL_FROM_NUM_ENVS = 4
+
+
+def choose_backend(args):
+    """--env-backend auto (parse_args resolves it): EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, else (and for video) gymnasium."""
+    import envpool
+
+    many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
+    return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
+
+
 def make_envs(args, run_dir):
     """The vector env of --env-backend (parse_args has resolved auto)."""
     if args.env_backend == "envpool":
@@ -451,7 +465,6 @@ class EpisodeStats:
             self.lengths[done] = 0
 
     def take_finished(self):
-        """The returns and lengths of the episodes finished since the last call."""
         finished = self.finished_returns, self.finished_lengths
         self.finished_returns, self.finished_lengths = [], []
         return finished
@@ -542,8 +555,7 @@ def log_iteration(writer, args, progress, episodes, scalars):
     log_row(writer, args, row | {"charts/SPS": sps}, step)
     last_return = progress.return_history[-1][1] if progress.return_history else float("nan")
     where = f"[{progress.iteration}/{args.num_iterations}] step {step:,}"
-    # The time left at the run's mean pace so far (a resumed run's earlier processes included); the evaluation at
-    # the end is not counted.
+    # The time left at the run's mean pace so far (Progress.seconds); the evaluation at the end is not counted.
     elapsed = progress.seconds()
     left = elapsed / progress.iteration * (args.num_iterations - progress.iteration)
     times = f"elapsed {hours_minutes_seconds(elapsed)} | ETA {hours_minutes_seconds(left)}"
@@ -582,6 +594,17 @@ def evaluate(agent, env_id, episodes, seed):
     return returns
 
 
+def evaluate_at_end(args, writer, agent, progress, stop):
+    """The run's evaluation, not after a signal: --eval-episodes episodes of `evaluate` (on the CPU, where it moves the
+    agent), seeded from --seed + 10,000 on, their mean logged as eval/episodic_return at the last step; the returns."""
+    if args.eval_episodes == 0 or stop:
+        return []
+    returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
+    log_row(writer, args, {"eval/episodic_return": np.mean(returns)}, progress.global_step)
+    print(f"eval: mean return {np.mean(returns):.1f} over {len(returns)} episodes")
+    return returns
+
+
 # ==================================================================================================
 # End of the environments and the rollout.
 # ==================================================================================================
@@ -590,7 +613,7 @@ def evaluate(agent, env_id, episodes, seed):
 def main(args):
     """The training loop: simulated asynchrony (the policy buffer), the rollout, the update of the method, the
     logs and checkpoints. Below it, in the plumbing, are only the run's start (start_run), its checkpoints (Learner,
-    restore_checkpoint, save_checkpoint) and its end (finish)."""
+    restore_checkpoint, save_checkpoint) and its end (save_model, finish)."""
     run_dir, checkpoint, stop, writer = start_run(args)
 
     # TRY NOT TO MODIFY: seeding
@@ -757,7 +780,9 @@ def main(args):
         if stop:
             break
 
-    finish(args, run_dir, writer, envs, agent, progress, stop)
+    save_model(args, run_dir, envs, agent)  # before evaluate_at_end moves the agent to the CPU
+    eval_returns = evaluate_at_end(args, writer, agent, progress, stop)
+    finish(args, run_dir, writer, envs, progress, stop, eval_returns)
 
 
 # ==================================================================================================
@@ -810,23 +835,18 @@ CHECKS = [
 # EnvPool's results do not depend on its thread count, torch's change slightly with theirs.
 RESUME_MAY_CHANGE = {"resume", "overwrite", "auto_resume", "checkpoint_every", "save_model", "eval_episodes", "track"}
 RESUME_MAY_CHANGE |= {"torch_threads", "env_threads", "run_dir", "overlap"}
-# --env-backend auto: EnvPool's thread pool pays from this many envs up; below it gymnasium's
-# SyncVectorEnv is faster (docs/throughput.md: Hopper-v5, 2,048-step batches, 1 to 8 envs).
-ENVPOOL_FROM_NUM_ENVS = 4
 # What a checkpoint holds (save_checkpoint); a file without these keys is not one of ours.
 CHECKPOINT_KEYS = {*"agent optimizer policy_buffer return_rms rng torch_rng cuda_rng envs episodes progress wandb_id".split()}
 # The run folder (docs/usage.md#the-run-folder). run.json names the script and the format that wrote the run
 # and gives it an id, which each of its checkpoints repeats: a folder holds a run when it has run.json.
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 RUN_FORMAT = 1
-# What a run writes in its folder, besides the files its run.json records as written (TensorBoard's events, the model),
-# videos/, wandb/ (--track) and the temporary *.tmp of each: --overwrite removes these and nothing else.
+# What every run writes in its folder; with the rest that written_by_a_run names, all that --overwrite removes.
 RUN_FILES = {"run.json", "args.json", "checkpoint.pt", "checkpoint.prev.pt", "summary.json", "run.lock"}
 # Bytes per step of the batch that the rollout and the update hold at once, besides 4-byte floats per observation and
 # action dimension (check_args): the critic's two hidden layers over the batch and the per-step scalars.
 STEP_BYTES = 4 * (2 * 64 + 16)
-# A checkpoint file: a header line of this many bytes (JSON: script, format, run id and the SHA-256 of the
-# rest), then torch.save's bytes.
+# A checkpoint file: a JSON header line of this many bytes (save_checkpoint), then torch.save's bytes.
 CHECKPOINT_HEADER_BYTES = 256
 # What wandb writes in <run-dir>/wandb: a folder per start of the run (named by the start's time and the run's id)
 # and its links to the latest one.
@@ -970,8 +990,7 @@ def read_json(path):
 
 
 def read_run_record(run_dir):
-    """run_dir's run.json: the script and format that wrote the run, and its id; ValueError if it holds no run
-    of this script and format."""
+    """run_dir's run.json (see RUN_FORMAT); ValueError if it holds no run of this script and format."""
     path = f"{run_dir}/run.json"
     if not os.path.isfile(path):
         raise ValueError(f"{run_dir} holds no run (no run.json)")
@@ -1137,14 +1156,6 @@ def tyro_cli(argv, default=None):
             raise
         text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]", " ", captured.getvalue()).strip()  # no colours, no box
         raise ValueError(" ".join(re.split(r"\n\s*\n", text)[0].split("\n", 1)[-1].split()))
-
-
-def choose_backend(args):
-    """--env-backend auto: EnvPool from ENVPOOL_FROM_NUM_ENVS envs up, else (and for video) gymnasium."""
-    import envpool
-
-    many = args.num_envs >= ENVPOOL_FROM_NUM_ENVS
-    return "envpool" if many and not args.capture_video and args.env_id in envpool.list_all_envs() else "gymnasium"
 
 
 def load_checkpoint(path, run_id):
@@ -1593,9 +1604,8 @@ def replay_to_wandb(run_dir, up_to):
         wandb.log({**rows[step], "global_step": step}, step=step)
 
 
-def finish(args, run_dir, writer, envs, agent, progress, stop):
-    """The end of the run, finished or stopped by a signal: the model (--save-model), the evaluation (not after a
-    signal), summary.json; then everything is closed, and a stopped run exits as if the signal had ended it."""
+def save_model(args, run_dir, envs, agent):
+    """--save-model, at the run's end, finished or stopped by a signal: the agent, its dimensions and the args."""
     if args.save_model:
         model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
         dims = {"obs_dim": envs.single_observation_space.shape[0], "act_dim": envs.single_action_space.shape[0]}
@@ -1606,12 +1616,10 @@ def finish(args, run_dir, writer, envs, agent, progress, stop):
             write_atomically(model_path, model.getvalue())
         print(f"model saved to {model_path}")
 
-    eval_returns = []
-    if args.eval_episodes > 0 and not stop:
-        eval_returns = evaluate(agent.cpu(), args.env_id, args.eval_episodes, args.seed + 10_000)
-        log_row(writer, args, {"eval/episodic_return": np.mean(eval_returns)}, progress.global_step)
-        print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
 
+def finish(args, run_dir, writer, envs, progress, stop, eval_returns):
+    """The end of the run, finished or stopped by a signal: summary.json (eval_returns: evaluate_at_end's); then
+    everything is closed, and a stopped run exits as if the signal had ended it."""
     summary = {
         "global_step": progress.global_step,
         "sps": int(progress.global_step / progress.seconds()),

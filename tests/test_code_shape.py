@@ -63,11 +63,13 @@ def test_ppo_is_short_outside_the_plumbing():
     # EnvPoolEnvs 33, make_envs 5, EpisodeStats 21, Rollouts 31, rollout_state 8, Progress 19, log_iteration 19,
     # hours_minutes_seconds 3, load_agent 6, evaluate 17; their 4 imports; initial_state 6, restore's fresh start;
     # its banners 9; blank lines 32) and main's 12 (the seeding and the device, 8 lines from start_run; 3 to call
-    # initial_state, then restore_checkpoint on resume; 1 of docstring).
+    # initial_state, then restore_checkpoint on resume; 1 of docstring). 759 = 732 + 27 with the two choices that were
+    # left below: auto's choice of backend (choose_backend 5, ENVPOOL_FROM_NUM_ENVS 3, 4 blank) and the evaluation's
+    # seeds and log (evaluate_at_end 10, 2 blank; main's 2 lines to call it and save_model), and 1 line of banner.
     lines = (ROOT / "ppo_mujoco.py").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# The run's plumbing"))
     end = next(i for i, line in enumerate(lines) if line.startswith("# End of the run's plumbing."))
-    assert len(lines) - (end - start + 1) <= 732
+    assert len(lines) - (end - start + 1) <= 759
 
 
 @pytest.mark.parametrize(

@@ -257,26 +257,34 @@ def test_common_sections_and_shared_blocks_are_identical_across_scripts():
     # What each section must hold: above main, what the algorithm sees and what the logs mean; below, the run's files.
     envs_and_rollout, plumbing = (set(top_level_names(section)) for section in sections["ppo_mujoco"])
     above = {"make_env", "GymnasiumEnvs", "EnvPoolEnvs", "make_envs", "EpisodeStats", "Rollouts", "rollout_state"}
-    above |= {"Progress", "initial_state", "log_iteration", "load_agent", "evaluate"}
+    above |= {"Progress", "initial_state", "log_iteration", "load_agent", "evaluate", "evaluate_at_end"}
+    above |= {"ENVPOOL_FROM_NUM_ENVS", "choose_backend"}  # auto's choice of backend is a choice of simulator
     assert above <= envs_and_rollout, above - envs_and_rollout
     below = {"check_args", "parse_args", "start_run", "restore_checkpoint", "save_checkpoint", "finish", "log_row"}
-    below |= {"stop_on_signals", "read_checkpoint"}
+    below |= {"stop_on_signals", "read_checkpoint", "save_model"}
     assert below <= plumbing, below - plumbing
 
 
 @pytest.mark.parametrize("script", existing_scripts())
 def test_main_calls_below_the_fence_only_the_runs_start_checkpoints_and_end(script):
     """main reads top to bottom: what shapes its data (the envs, the seeds, the rollout, the first observation, the
-    logs) is above the plumbing's banner; below it, main calls only the run's start, its checkpoints and its end."""
+    logs, the evaluation) is above the plumbing's banner; below it, main calls only the run's start, its checkpoints
+    and its end."""
     text = (ROOT / f"{script}.py").read_text()
     plumbing = set(top_level_names(common_sections(text)[-1]))
-    main = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    functions = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    main = functions["main"]
     used = {node.id for node in ast.walk(main) if isinstance(node, ast.Name)}
-    assert used & plumbing == {"start_run", "Learner", "restore_checkpoint", "save_checkpoint", "finish"}
+    assert used & plumbing == {"start_run", "Learner", "restore_checkpoint", "save_checkpoint", "save_model", "finish"}
     main_text = ast.get_source_segment(text, main)
     # The seeds are main's, as in CleanRL: set after start_run, before the envs and the model.
     assert main_text.index("start_run(") < main_text.index("torch.manual_seed(") < main_text.index("make_envs(")
     assert "manual_seed" not in common_sections(text)[-1]
+    # The evaluation's seeds and its log are main's too: the plumbing's end writes the returns it is given.
+    assert main_text.index("save_model(") < main_text.index("evaluate_at_end(") < main_text.index("finish(")
+    calls = [n.func for n in ast.walk(ast.parse(common_sections(text)[-1])) if isinstance(n, ast.Call)]
+    assert not {"evaluate", "evaluate_at_end"} & {f.id for f in calls if isinstance(f, ast.Name)}
+    assert "seed" not in ast.get_source_segment(text, functions["finish"])
 
 
 def test_common_sections_check_fails_on_a_drift_or_a_missing_banner():
@@ -292,7 +300,7 @@ def test_common_sections_check_fails_on_a_drift_or_a_missing_banner():
     swapped = text.replace(first_start, "@1").replace(first_end, "@2").replace(second_start, first_start)
     swapped = swapped.replace(second_end, first_end).replace("@1", second_start).replace("@2", second_end)
     assert common_sections(swapped) is None  # the plumbing above the environments and the rollout
-    drifted = common_sections(text.replace("ENVPOOL_FROM_NUM_ENVS = ", "ENVPOOL_FROM_NUM_ENVS = 1 + ", 1))
+    drifted = common_sections(text.replace("CHECKPOINT_HEADER_BYTES = ", "CHECKPOINT_HEADER_BYTES = 1 + ", 1))
     assert drifted[0] == envs_and_rollout and drifted[1] != plumbing
     drifted = common_sections(text.replace("AutoresetMode.SAME_STEP", "AutoresetMode.NEXT_STEP", 1))
     assert drifted[0] != envs_and_rollout and drifted[1] == plumbing
