@@ -161,18 +161,6 @@ def squeue(env, job_id, field="%T"):
     return dict(line.split() for line in proc.stdout.splitlines())
 
 
-def launcher(env, *argv):
-    """python -m tools.grid.slurm argv..., as a user runs it."""
-    command = [sys.executable, "-m", "tools.grid.slurm", *map(str, argv)]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-
-
-def squeue(env, job_id, field="%T"):
-    """{task index: field (default: its state)} of the array's tasks that squeue lists."""
-    proc = subprocess.run(["squeue", "-h", "-r", "-j", job_id, "-o", f"%K {field}"], env=env, capture_output=True, text=True)
-    return dict(line.split() for line in proc.stdout.splitlines())
-
-
 def own_job_id(env, job_id, index):
     """The job id of a running array task (SLURM_JOB_ID in it)."""
     return squeue(env, job_id, "%A")[str(index)]
