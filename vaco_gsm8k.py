@@ -1417,7 +1417,11 @@ def resume_if_same_run(args: Args) -> Args:
     """--auto-resume: a run in --run-dir is resumed if its args.json equals the command's, but for RESUME_MAY_CHANGE,
     else refused (ValueError); a folder without a run, or with one that never started, starts it. A folder in use is
     check_run_dir's to refuse."""
-    if not os.path.exists(os.path.join(args.run_dir, RUN_FILE)) or lock_holder(args.run_dir):
+    if not os.path.exists(os.path.join(args.run_dir, RUN_FILE)):
+        return args
+    try:
+        lock_run_dir(args.run_dir, look_only=True)
+    except ValueError:  # in use: check_run_dir says so, after what it says first
         return args
     read_run_record(args.run_dir)
     if never_started(args.run_dir):
@@ -1492,12 +1496,6 @@ def written_by_a_run(folder: str, name: str, recorded: Optional[list] = None) ->
     return not os.path.isdir(path) and (base in RUN_FILES or events)
 
 
-def is_linked(path: str) -> bool:
-    """Whether writing to `path` would write elsewhere too: a symbolic link, or a file with other names (hard links)."""
-    found = os.lstat(path)
-    return stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1)
-
-
 def open_own_file(path: str, flags: int) -> int:
     """os.open of a file of the run folder, never through a link: a symbolic link is refused (O_NOFOLLOW), and so is
     what is not a regular file of one name (a hard link's data is also a file elsewhere), with an OSError that says
@@ -1520,25 +1518,6 @@ def args_digests(saved: dict) -> dict:
     """The SHA-256 of each argument as args.json holds it: run.json keeps them from the run's start, so that a resume
     finds an argument changed by hand since."""
     return {name: hashlib.sha256(json.dumps(value).encode()).hexdigest() for name, value in saved.items()}
-
-
-def lock_holder(run_dir: str) -> Optional[str]:
-    """What run_dir's run.lock says of the process that holds it, or None where no other process does; takes no lock and
-    writes nothing. (The lock this process holds is not tested: closing any descriptor of the file would release it.)"""
-    path = os.path.join(run_dir, LOCK_FILE)
-    with contextlib.suppress(OSError):
-        found = os.lstat(path)
-        if HELD_LOCK["fd"] is not None and os.path.samestat(found, os.fstat(HELD_LOCK["fd"])):
-            return None
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EACCES, errno.EAGAIN):
-                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
-        finally:
-            os.close(fd)
-    return None
 
 
 def leftover(folder: str, name: str) -> bool:
@@ -1626,10 +1605,8 @@ def check_run_dir(args: Args):
         raise ValueError(
             f"--exp-name makes the run folder's name {len(os.fsencode(default))} bytes long; the file system takes {limit}"
         )
-    holder = args.run_dir and lock_holder(args.run_dir)
-    if holder:  # whatever else would be said of the folder, its run is in progress
-        raise ValueError(f"{args.run_dir} is in use by {holder}")
     if args.run_dir:
+        lock_run_dir(args.run_dir, look_only=True)  # whatever else would be said of the folder, its run is in progress
         check_run_dir_contents(args, args.run_dir)
 
 
@@ -1653,8 +1630,9 @@ def check_run_dir_contents(args: Args, folder: str):
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     except OSError as error:
         raise ValueError(f"cannot read {folder}: {error.strerror}")
-    for name in names:
-        if (name == LOCK_FILE or name.endswith(".tmp") or name in OWN_FOLDERS) and is_linked(os.path.join(folder, name)):
+    for name in [name for name in names if name == LOCK_FILE or name.endswith(".tmp") or name in OWN_FOLDERS]:
+        found = os.lstat(os.path.join(folder, name))  # symbolic, or hard (a file with other names)
+        if stat.S_ISLNK(found.st_mode) or (stat.S_ISREG(found.st_mode) and found.st_nlink > 1):
             raise ValueError(
                 f"{os.path.join(folder, name)} is a link, which a run writes nothing through: remove it, or choose another --run-dir"
             )
@@ -1715,8 +1693,9 @@ def read_saved_args(run_dir: str) -> dict:
     if missing or unknown:
         raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else f"has unknown keys {', '.join(unknown)}"))
     for name, kind in kinds.items():
-        if not json_fits(full[name], kind):
-            raise ValueError(f"{path}: {name} must be {type_words(kind)}, got {json.dumps(full[name])[:60]}")
+        fits, words = json_fits(full[name], kind)
+        if not fits:
+            raise ValueError(f"{path}: {name} must be {words}, got {json.dumps(full[name])[:60]}")
     started = read_run_record(run_dir).get("args_sha256")
     changed = [name for name, digest in args_digests(saved).items() if started is not None and started.get(name) != digest]
     if changed:
@@ -1734,22 +1713,16 @@ def never_started(run_dir: str) -> bool:
 
 
 def json_fits(value, kind):
-    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int)."""
-    origin, options = typing.get_origin(kind), typing.get_args(kind)
-    if origin is Literal:
-        return isinstance(value, str) and value in options
-    if origin is typing.Union:
-        return any(json_fits(value, option) for option in options)
-    return type(value) in ((int, float) if kind is float else (kind,))
-
-
-def type_words(kind):
-    """An Args field's type as json_fits reads it, in words."""
-    if typing.get_origin(kind) is Literal:
-        return "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+    """Whether a value read from JSON has the type of an Args field (an int is a float too; a bool is not an int), and
+    that type in words."""
     if typing.get_origin(kind) is typing.Union:
-        return " or ".join(map(type_words, typing.get_args(kind)))
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
+        fits = [json_fits(value, option) for option in typing.get_args(kind)]
+        return any(fit for fit, _ in fits), " or ".join(words for _, words in fits)
+    if typing.get_origin(kind) is Literal:
+        words = "one of " + ", ".join(map(json.dumps, typing.get_args(kind)))
+        return isinstance(value, str) and value in typing.get_args(kind), words
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "null")
+    return type(value) in ((int, float) if kind is float else (kind,)), words
 
 
 def stored(name: str, value):
@@ -1911,10 +1884,10 @@ def claim_run_dir(args: Args, run_name: str) -> Claim:
         else:
             run_dir, created = args.run_dir, not os.path.isdir(args.run_dir)
             os.makedirs(run_dir, exist_ok=True)
-            holder = lock_run_dir(run_dir)
-            if holder:
-                refuse(f"{run_dir} is in use by {holder}")
+            lock_run_dir(run_dir)
         claim = Claim(run_dir, run_name, uuid.uuid4().hex, created, set(os.listdir(run_dir)))
+    except ValueError as error:  # another process holds the folder, or run.lock is a link
+        refuse(str(error))
     except OSError as error:
         refuse(f"cannot write {error.filename or args.run_dir or 'runs'}: {error.strerror}")
     try:
@@ -1933,38 +1906,51 @@ def claim_default_run_dir(run_name: str) -> str:
     os.makedirs("runs", exist_ok=True)
     for number in itertools.count(1):
         run_dir = os.path.join("runs", run_name if number == 1 else f"{run_name}-{number}")
-        with contextlib.suppress(FileExistsError):
+        with contextlib.suppress(FileExistsError, ValueError):  # ValueError: another process took it, with --run-dir
             os.mkdir(run_dir)
-            if lock_run_dir(run_dir) is None:  # else another process took it, with --run-dir
-                return run_dir
+            lock_run_dir(run_dir)
+            return run_dir
 
 
-def lock_run_dir(run_dir: str) -> Optional[str]:
-    """Lock <run_dir>/run.lock for this process and write who holds it; returns what the file says when another
-    process holds it. Where the file system has no locks, a warning, and the start goes on."""
+def lock_run_dir(run_dir: str, look_only: bool = False):
+    """Take run_dir's lock, run.lock (a POSIX lock: held until the process ends, however it ends, and honoured over
+    NFS), and write who holds it; ValueError naming the process that holds it, as the lock file says. Where the file
+    system has no locks, a warning, and the start goes on. look_only (check_run_dir, resume_if_same_run): make and write
+    nothing, and let the lock go at once (the lock this process holds is not tested: closing any descriptor of the file
+    would release it)."""
     path = os.path.join(run_dir, LOCK_FILE)
     held = HELD_LOCK["fd"]
-    if held is not None and os.path.exists(path) and os.path.samestat(os.fstat(held), os.stat(path)):
-        return None
-    if held is not None:  # the lock of an earlier run of this process, on another folder
+    if held is not None and os.path.lexists(path) and os.path.samestat(os.lstat(path), os.fstat(held)):
+        return
+    if held is not None and not look_only:  # the lock of an earlier run of this process, on another folder
         os.close(held)
         HELD_LOCK["fd"] = None
-    fd = open_own_file(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fd = open_own_file(path, os.O_RDWR | (0 if look_only else os.O_CREAT))
+    except OSError as error:
+        if look_only:  # no lock file, or a link (which check_run_dir_contents refuses)
+            return
+        if error.errno in (errno.ELOOP, errno.EMLINK):  # open_own_file's refusal of a link
+            raise ValueError(f"{error.strerror}: remove it, or choose another --run-dir")
+        raise
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EAGAIN):
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process that has not yet said which"
             os.close(fd)
-            return holder
-        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise ValueError(f"{run_dir} is in use by {holder}")
+        if not look_only and error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            print(f"warning: {run_dir} cannot be locked ({error.strerror}): make sure no other process uses it", flush=True)
+        elif not look_only:
             os.close(fd)
             raise
-        print(f"warning: {run_dir} cannot be locked ({error.strerror}): make sure no other process uses it", flush=True)
+    if look_only:
+        os.close(fd)
+        return
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     HELD_LOCK["fd"] = fd
-    return None
 
 
 def remove_entry(path: str):

@@ -181,10 +181,11 @@ def test_a_folder_in_use_is_refused_at_once(tiny, finished, tmp_path):
         os.write(fd, b"process 4242 on elsewhere\n")
         before = listing(args.run_dir)
         resume = command(tiny, args.run_dir, "--resume", "--num-iterations", "3", "--checkpoint-every", "1")
-        procs = [subprocess.run(c, env=ENV, capture_output=True, text=True, timeout=120) for c in (resume, resume[:-5])]
+        commands = (resume, resume[:-5], [*resume[:-5], "--auto-resume", "--seed", "7"])  # another run's, but in use first
+        procs = [subprocess.run(c, env=ENV, capture_output=True, text=True, timeout=120) for c in commands]
     finally:
         os.close(fd)
-    for proc in procs:  # a resume, and a new start: the folder's use is said first
+    for proc in procs:  # a resume, a new start and an --auto-resume: the folder's use is said first
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert proc.stderr.strip() == f"error: {args.run_dir} is in use by process 4242 on elsewhere"
     assert listing(args.run_dir) == before
@@ -214,7 +215,7 @@ def test_nothing_is_written_through_a_link(tiny, finished, tmp_path, capsys):
             expected = f"{args.run_dir}/{name} is a link, which a run writes nothing through: remove it, or choose another"
             for flags in ({}, {"resume": False}, {"resume": False, "overwrite": True}):
                 assert refused(capsys, lambda: V.main(dataclasses.replace(args, **flags))).startswith(f"error: {expected}")
-    with pytest.raises(OSError, match="run.lock is a symbolic link, which a run writes nothing through"):
+    with pytest.raises(ValueError, match="run.lock is a symbolic link, which a run writes nothing through: remove it, or"):
         V.lock_run_dir(str(tmp_path / "symlink-run.lock" / "run"))
     with pytest.raises(OSError, match=r"summary.json.tmp is a hard link \(\d+ names\), which a run writes nothing"):
         V.write_json(str(tmp_path / "link-summary.json.tmp" / "run" / V.SUMMARY_FILE), {})
