@@ -67,8 +67,9 @@ def run_row(record, random_return, reference_return) -> dict:
     for name in ("vaco_over_budget_frac", "vaco_filter_frac", "vaco_tv"):
         values = column(record, name)
         row[name] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
-    for name in ("rollout_seconds", "update_seconds"):
-        row[f"median_{name}"] = float(np.median(perf[name])) if perf.get(name) else float("nan")
+    for name in ("rollout_seconds", "update_seconds"):  # logged as running totals: each iteration's is a difference
+        per_iteration = np.diff(perf.get(name) or [np.nan], prepend=0.0)
+        row[f"median_{name}"] = float(np.median(per_iteration))
     row["cpu_hours"] = sum(s.get("cpu_seconds") or 0 for s in starts) / 3600
     row["wall_hours"] = sum(s.get("wall_seconds") or 0 for s in starts) / 3600
     row["starts"] = len(starts)
